@@ -1,0 +1,67 @@
+"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate and card tasks, and build:<id>.
+
+Only the translation from entries to tasks lives here; the stages are in tools/stages. Each task depends on
+its input files, on the entry sections it reads, on the versions of the tools it calls and on its own code.
+A bad entry is reported once, by name, and gets no tasks; the others build.
+"""
+import os
+import sys
+from pathlib import Path
+
+from doit.tools import config_changed
+
+from tools.entry import discover
+from tools.stages import STAGES
+from tools.versions import STAGE_TOOLS, tool_versions
+
+DOIT_CONFIG = {"default_tasks": ["build"], "verbosity": 2}
+ZOO = Path(os.environ.get("ZOO_DIR", "zoo"))
+BUILD = Path(os.environ.get("ZOO_BUILD", "build"))
+
+ENTRIES, BAD_ENTRIES = discover(ZOO)
+for _error in BAD_ENTRIES:
+    print(f"error: skipping invalid entry {_error}", file=sys.stderr)
+
+
+def _stage_task(stage, entry):
+    out = BUILD / entry.id
+    tools = tool_versions(stage.name) if stage.name in STAGE_TOOLS else {}
+    return {
+        "name": entry.id,
+        "doc": f"{stage.doc} [{entry.id}]",
+        "actions": [[sys.executable, "-m", "tools.stage", stage.name, str(entry.path), str(out)]],
+        "file_dep": [str(out / f) for f in stage.needs] + [f"tools/stages/{stage.name}.py"],
+        "targets": [str(out / f) for f in stage.makes],
+        "uptodate": [config_changed({"sections": entry.fingerprint(*stage.sections), "tools": tools,
+                                     "env": {k: os.environ.get(k, "") for k in stage.env}})],
+        "clean": True,
+    }
+
+
+def _make_task_creator(stage):
+    def creator():
+        for entry in ENTRIES:
+            yield _stage_task(stage, entry)
+    creator.__doc__ = stage.doc
+    return creator
+
+
+for _stage in STAGES.values():
+    globals()[f"task_{_stage.name}"] = _make_task_creator(_stage)
+
+
+def task_build():
+    """All stages of an entry: ONNX, simplified ONNX, fp32 TFLite, validation and card"""
+    for entry in ENTRIES:
+        yield {"name": entry.id, "doc": f"build everything for {entry.id}", "actions": None,
+               "task_dep": [f"card:{entry.id}"]}
+
+
+def task_check():
+    """Check every zoo entry against the schema and the cross-field rules"""
+    def check():
+        for error in BAD_ENTRIES:
+            print(f"error: {error}", file=sys.stderr)
+        print(f"{len(ENTRIES)} valid entries, {len(BAD_ENTRIES)} invalid")
+        return not BAD_ENTRIES
+    return {"actions": [check], "verbosity": 2, "uptodate": [False]}

@@ -1,0 +1,1 @@
+"""Build stages and registries of the i.MX 8M Plus model zoo."""

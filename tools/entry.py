@@ -1,0 +1,159 @@
+"""Load a zoo entry, check it against the schema and the cross-field rules, and hand out its sections.
+
+Every problem becomes an EntryError that names the file, the JSON path and what is expected, so that a
+contributor never sees a traceback from inside jsonschema or json.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = ROOT / "schema" / "entry.schema.json"
+ZOO_DIR = ROOT / "zoo"
+
+# Stages whose tolerance must be declared: each compares its graph with the torch reference.
+VALIDATED_STAGES = ("onnx", "onnx_simplified", "tflite_fp32")
+
+
+class EntryError(ValueError):
+    """A bad entry: file, JSON path, and what is expected there."""
+
+    def __init__(self, file: Path | str, json_path: str, message: str):
+        self.file, self.json_path, self.message = str(file), json_path, message
+        super().__init__(f"{file}: {json_path}: {message}")
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    data: dict
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    def section(self, *keys: str) -> dict:
+        """A copy of the named top-level sections (dotted keys reach one level down: 'export.opset')."""
+        out = {}
+        for key in keys:
+            top, _, sub = key.partition(".")
+            value = self.data.get(top)
+            if sub:
+                value = (value or {}).get(sub)
+            out[key] = json.loads(json.dumps(value))
+        return out
+
+    def fingerprint(self, *keys: str) -> str:
+        """Stable hash of the named sections: what a stage's up-to-date check depends on."""
+        blob = json.dumps(self.section(*keys), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def _json_path(parts) -> str:
+    path = "$"
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """One line a contributor can act on, for the most common schema failures."""
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
+        return f"unknown key(s) {extra}; allowed keys here: {allowed}"
+    if error.validator == "required":
+        return error.message.replace("is a required property", "is required here")
+    if error.validator == "enum":
+        return f"{error.instance!r} is not one of {error.validator_value}"
+    if error.validator == "type":
+        return f"expected {error.validator_value}, got {type(error.instance).__name__} {error.instance!r}"
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum"):
+        return f"{error.instance!r} is out of range ({error.validator} {error.validator_value})"
+    return error.message
+
+
+def _schema_validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _cross_field_checks(path: Path, data: dict) -> None:
+    if data["id"] != path.stem:
+        raise EntryError(path, "$.id", f"id {data['id']!r} must equal the file name {path.stem!r}")
+    weights = data["weights"]
+    if weights["sha256"] is None and "unpinned_reason" not in weights:
+        raise EntryError(path, "$.weights.unpinned_reason",
+                         "sha256 is null (unpinned): say why in 'unpinned_reason', or pin the sha256")
+    names = [spec["name"] for spec in data["inputs"]]
+    if len(set(names)) != len(names):
+        raise EntryError(path, "$.inputs", f"input names must be unique, got {names}")
+    for i, spec in enumerate(data["inputs"]):
+        if len(spec["layout"]) != len(spec["shape"]):
+            raise EntryError(path, f"$.inputs[{i}].layout",
+                             f"layout {spec['layout']!r} names {len(spec['layout'])} axes but shape {spec['shape']} has {len(spec['shape'])}")
+        pre = spec["preprocess"]
+        if pre["kind"] == "image":
+            if spec["layout"] != "NCHW":
+                raise EntryError(path, f"$.inputs[{i}].layout", "image inputs are declared in torch's NCHW layout")
+            channels = spec["shape"][1]
+            for key in ("mean", "std"):
+                if key in pre and len(pre[key]) != channels:
+                    raise EntryError(path, f"$.inputs[{i}].preprocess.{key}",
+                                     f"needs {channels} values (one per channel), got {len(pre[key])}")
+    for stage in VALIDATED_STAGES:
+        if stage not in data["tolerances"]:
+            raise EntryError(path, f"$.tolerances.{stage}",
+                             f"the {stage} stage runs for every entry, so it needs a tolerance: {{\"atol\": ..., \"rtol\": ...}}")
+    from tools import patches  # local import: the registry imports torch lazily, names only here
+
+    for i, name in enumerate(data["export"].get("patches", [])):
+        if name not in patches.REGISTRY:
+            raise EntryError(path, f"$.export.patches[{i}]",
+                             f"unknown export patch {name!r}; registered: {sorted(patches.REGISTRY)}")
+    key_map = weights.get("key_map")
+    if key_map is not None:
+        from tools import keymaps
+
+        if key_map not in keymaps.REGISTRY:
+            raise EntryError(path, "$.weights.key_map",
+                             f"unknown key map {key_map!r}; registered: {sorted(keymaps.REGISTRY)}")
+
+
+def load_entry(path: Path | str) -> Entry:
+    """Read and check one entry; raise EntryError on the first problem found."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise EntryError(path, "$", f"cannot read the file: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EntryError(path, "$", f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise EntryError(path, "$", "an entry is a JSON object")
+    # Shallowest first, and an unknown key before the missing one it most likely misspells.
+    errors = sorted(_schema_validator().iter_errors(data),
+                    key=lambda e: (len(e.absolute_path), e.validator != "additionalProperties"))
+    if errors:
+        error = errors[0]
+        raise EntryError(path, _json_path(error.absolute_path), _describe(error))
+    _cross_field_checks(path, data)
+    return Entry(path=path, data=data)
+
+
+def discover(zoo_dir: Path | str = ZOO_DIR) -> tuple[list[Entry], list[EntryError]]:
+    """All entries of a zoo folder: the good ones, and one error for each bad one."""
+    good, bad = [], []
+    for path in sorted(Path(zoo_dir).glob("*.json")):
+        try:
+            good.append(load_entry(path))
+        except EntryError as exc:
+            bad.append(exc)
+    return good, bad

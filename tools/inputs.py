@@ -1,0 +1,56 @@
+"""Real inputs for validation: photographs, preprocessed exactly as the entry's `inputs` section declares."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tools.entry import ROOT, Entry, EntryError
+
+
+def _read_image(entry: Entry, ref: str) -> np.ndarray:
+    """An HxWx3 uint8 RGB photograph from 'skimage:<name>' or 'file:<path>'."""
+    from PIL import Image
+
+    kind, _, name = ref.partition(":")
+    if kind == "skimage":
+        import skimage.data
+
+        loader = getattr(skimage.data, name, None)
+        if loader is None or not callable(loader):
+            raise EntryError(entry.path, "$.validation.samples", f"scikit-image ships no image {name!r}")
+        image = np.asarray(loader())
+    else:
+        path = Path(name) if Path(name).is_absolute() else ROOT / name
+        try:
+            image = np.asarray(Image.open(path).convert("RGB"))
+        except OSError as exc:
+            raise EntryError(entry.path, "$.validation.samples", f"cannot read image {path}: {exc}") from None
+    if image.ndim == 2:
+        image = np.repeat(image[..., None], 3, axis=2)
+    return image[..., :3]
+
+
+def preprocess_image(image: np.ndarray, spec: dict) -> np.ndarray:
+    """uint8 HxWx3 -> float32 1x3xHxW for the declared input shape, resize, scale, mean and std."""
+    from PIL import Image
+
+    _, channels, height, width = spec["shape"]
+    pre = spec["preprocess"]
+    method = {"bilinear": Image.BILINEAR, "nearest": Image.NEAREST}[pre.get("resize", "bilinear")]
+    resized = np.asarray(Image.fromarray(image).resize((width, height), method), dtype=np.float32)
+    x = resized / np.float32(pre.get("scale", 1.0))
+    if "mean" in pre:
+        x = x - np.asarray(pre["mean"], dtype=np.float32)
+    if "std" in pre:
+        x = x / np.asarray(pre["std"], dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None, :channels]).astype(np.float32)
+
+
+def validation_samples(entry: Entry) -> list[dict[str, np.ndarray]]:
+    """One dict of named model inputs per declared validation sample."""
+    samples = []
+    for ref in entry.data["validation"]["samples"]:
+        image = _read_image(entry, ref)
+        samples.append({spec["name"]: preprocess_image(image, spec) for spec in entry.data["inputs"]})
+    return samples

@@ -1,0 +1,80 @@
+"""Build the torch module an entry's `source` section names, from an allow-list of kinds.
+
+Only classes that transformers lists in its own auto registry, or names that timm lists, can be built:
+a JSON-only contribution never runs code of its own, and remote code is never trusted.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tools.entry import Entry, EntryError
+
+# Arguments transformers' configs take at construction without keeping a field of that name.
+CONFIG_INIT_ARGUMENTS = {"num_labels", "backbone", "use_timm_backbone", "backbone_kwargs"}
+
+
+def _transformers_model_classes() -> set[str]:
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for attr in dir(modeling_auto):
+        if attr.startswith("MODEL") and attr.endswith("_MAPPING_NAMES"):
+            for value in getattr(modeling_auto, attr).values():
+                names.update(value if isinstance(value, (list, tuple)) else [value])
+    return names
+
+
+def _build_transformers(entry: Entry):
+    import transformers
+
+    spec = entry.data["source"]
+    name = spec["class"]
+    if name not in _transformers_model_classes():
+        raise EntryError(entry.path, "$.source.class",
+                         f"{name!r} is not a model class in transformers {transformers.__version__}'s auto registry")
+    model_cls = getattr(transformers, name)
+    overrides = dict(spec.get("config", {}))
+    config_cls = model_cls.config_class
+    # Config classes keep unknown keyword arguments silently: check names so that a typo is an error.
+    known = {f.name for f in dataclasses.fields(config_cls)} | CONFIG_INIT_ARGUMENTS
+    for key in overrides:
+        if key not in known:
+            raise EntryError(entry.path, f"$.source.config.{key}",
+                             f"{config_cls.__name__} has no field {key!r}; fields: {sorted(known)}")
+    try:
+        config = config_cls(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise EntryError(entry.path, "$.source.config", f"{config_cls.__name__} rejects it: {exc}") from None
+    return model_cls(config)
+
+
+def _build_timm(entry: Entry):
+    import timm
+
+    spec = entry.data["source"]
+    name = spec["model"]
+    if name not in timm.list_models():
+        raise EntryError(entry.path, "$.source.model", f"{name!r} is not a model name in timm {timm.__version__}")
+    try:
+        return timm.create_model(name, pretrained=False, **spec.get("config", {}))
+    except TypeError as exc:
+        raise EntryError(entry.path, "$.source.config", f"timm.create_model({name!r}) rejects it: {exc}") from None
+
+
+BUILDERS = {"transformers": _build_transformers, "timm": _build_timm}
+
+
+def build_module(entry: Entry):
+    """The entry's torch module with freshly initialised weights, in eval mode."""
+    import torch
+
+    torch.manual_seed(0)
+    module = BUILDERS[entry.data["source"]["kind"]](entry)
+    return module.eval()
+
+
+def forward_arguments(module) -> list[str]:
+    """Names the module's forward accepts, to check the entry's declared inputs against."""
+    import inspect
+
+    return list(inspect.signature(module.forward).parameters)

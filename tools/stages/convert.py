@@ -1,0 +1,96 @@
+"""convert: onnx2tf turns the simplified ONNX graph into an fp32 .tflite with NHWC inputs.
+
+onnx2tf fetches a sample-image file from the web for models with 3-channel 4-D inputs, even for fp32;
+that file is made here from real photographs instead, in the folder onnx2tf runs in. onnxsim already ran
+as its own stage, so onnx2tf is told not to run it again. A graph with any non-builtin op (Select TF / Flex,
+custom) is rejected: neither LiteRT nor the board's runtime can run it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from tools.atomic import atomic_path
+from tools.entry import Entry
+
+ONNX2TF_SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"
+DEFAULT_FLAGS = {"non_verbose": True, "not_use_onnxsim": True, "copy_onnx_input_output_names_to_tflite": True}
+
+
+def write_sample_images(folder: Path) -> Path:
+    """20 RGB crops of 128x128 from scikit-image's photographs, float32 in [0, 1], as onnx2tf expects."""
+    import skimage.data
+    from PIL import Image
+
+    photos = [skimage.data.astronaut(), skimage.data.coffee(), skimage.data.chelsea(), skimage.data.rocket()]
+    crops = []
+    for i in range(20):
+        photo = photos[i % len(photos)]
+        size = min(photo.shape[:2]) // (1 + i // len(photos))
+        crops.append(np.asarray(Image.fromarray(photo[:size, :size]).resize((128, 128)), dtype=np.float32) / 255)
+    path = folder / ONNX2TF_SAMPLE_FILE
+    np.save(path, np.stack(crops).astype(np.float32))
+    return path
+
+
+def tflite_ops(path: Path) -> tuple[Counter, list[str]]:
+    """Histogram of the graph's op names, and the names of any non-builtin ops."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.Model.GetRootAsModel(path.read_bytes(), 0)
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    ops, custom = Counter(), []
+    for s in range(model.SubgraphsLength()):
+        graph = model.Subgraphs(s)
+        for i in range(graph.OperatorsLength()):
+            code = model.OperatorCodes(graph.Operators(i).OpcodeIndex())
+            builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+            name = names.get(builtin, str(builtin))
+            if name == "CUSTOM":
+                name = (code.CustomCode() or b"?").decode()
+                custom.append(name)
+            ops[name] += 1
+    return ops, sorted(set(custom))
+
+
+@contextlib.contextmanager
+def _working_dir(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def convert(entry: Entry, build_dir: Path) -> dict:
+    import onnx2tf
+
+    from tools.stage import StageError
+
+    flags = {**DEFAULT_FLAGS, **entry.data["export"].get("converter", {}).get("onnx2tf", {})}
+    source = (build_dir / "model_sim.onnx").resolve()
+    with tempfile.TemporaryDirectory(dir=build_dir, prefix=".onnx2tf-") as work:
+        work = Path(work)
+        write_sample_images(work)
+        with _working_dir(work):
+            try:
+                onnx2tf.convert(input_onnx_file_path=str(source), output_folder_path=str(work / "out"), **flags)
+            except SystemExit as exc:  # onnx2tf ends with sys.exit(1) on a failed op conversion
+                raise StageError(f"entry {entry.id!r}: onnx2tf gave up (exit {exc.code}); see its log above") from None
+        produced = work / "out" / f"{source.stem}_float32.tflite"
+        if not produced.exists():
+            raise StageError(f"entry {entry.id!r}: onnx2tf wrote no {produced.name}")
+        ops, custom = tflite_ops(produced)
+        if custom:
+            raise StageError(f"entry {entry.id!r}: the .tflite holds non-builtin ops {custom} (Select TF / custom): "
+                             "LiteRT and the board cannot run them; add an export patch or an onnx2tf replacement")
+        with atomic_path(build_dir / "model_fp32.tflite") as tmp:
+            shutil.copyfile(produced, tmp)
+    return {"converter": "onnx2tf", "flags": flags, "ops": dict(sorted(ops.items())), "op_count": sum(ops.values())}

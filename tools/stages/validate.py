@@ -1,0 +1,117 @@
+"""validate: run every graph on the real validation inputs and compare each output with torch's.
+
+Stages: ONNX Runtime on model.onnx and model_sim.onnx, LiteRT on model_fp32.tflite. The test is
+np.allclose's, |graph - torch| <= atol + rtol * |torch|, with the entry's tolerance for that stage. TFLite
+tensors come back channel-last where onnx2tf moved the channel axis; they are compared in torch's layout.
+A breach fails the build with the stage, output, sample, max abs and rel differences and the tolerance.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tools.entry import Entry
+
+
+def channel_last(shape: tuple) -> tuple:
+    """torch's NC... shape as onnx2tf lays it out: N...C."""
+    return (shape[0], *shape[2:], shape[1]) if len(shape) >= 3 else tuple(shape)
+
+
+def to_layout(array: np.ndarray, expected: tuple) -> np.ndarray:
+    """Bring a TFLite tensor into torch's layout, by shape: as it is, or channel-last moved back."""
+    if array.shape == tuple(expected):
+        return array
+    if array.ndim >= 3 and array.shape == channel_last(tuple(expected)):
+        return np.moveaxis(array, -1, 1)
+    raise ValueError(f"shape {array.shape} matches neither {tuple(expected)} nor its channel-last form")
+
+
+def _load_reference(path: Path) -> list[dict]:
+    with np.load(path) as data:
+        samples: dict[int, dict] = {}
+        for key in data.files:
+            index, kind, name = key.split("/", 2)
+            samples.setdefault(int(index), {"input": {}, "output": {}})[kind][name] = data[key]
+    return [samples[i] for i in sorted(samples)]
+
+
+def _onnx_runner(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return lambda inputs: dict(zip(names, session.run(names, inputs)))
+
+
+def _tflite_runner(path: Path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path), num_threads=os.cpu_count() or 1)
+    runner = interpreter.get_signature_runner()
+    details = runner.get_input_details()
+
+    def run(inputs: dict) -> dict:
+        feed = {name: to_layout_input(inputs[name], tuple(details[name]["shape"])) for name in inputs}
+        return runner(**feed)
+
+    return run
+
+
+def to_layout_input(array: np.ndarray, wanted: tuple) -> np.ndarray:
+    """Feed a torch-layout input to a graph whose input may be channel-last."""
+    if array.shape == wanted:
+        return array
+    if array.ndim >= 3 and channel_last(array.shape) == wanted:
+        return np.ascontiguousarray(np.moveaxis(array, 1, -1))
+    raise ValueError(f"input shape {array.shape} fits neither {wanted} nor its channel-first form")
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    scale = np.abs(expected.astype(np.float64))
+    excess = diff - (atol + rtol * scale)
+    return {
+        "max_abs": float(diff.max(initial=0.0)),
+        "max_rel": float((diff / np.maximum(scale, 1e-12)).max(initial=0.0)),
+        "violations": int((excess > 0).sum()),
+        "passed": bool((excess <= 0).all() and np.isfinite(actual).all()),
+    }
+
+
+STAGE_GRAPHS = (("onnx", "model.onnx", _onnx_runner), ("onnx_simplified", "model_sim.onnx", _onnx_runner),
+                ("tflite_fp32", "model_fp32.tflite", _tflite_runner))
+
+
+def validate(entry: Entry, build_dir: Path) -> dict:
+    references = _load_reference(build_dir / "reference.npz")
+    sample_names = entry.data["validation"]["samples"]
+    results, failures = {}, []
+    for stage, file_name, make_runner in STAGE_GRAPHS:
+        tol = entry.data["tolerances"][stage]
+        run = make_runner(build_dir / file_name)
+        per_output: dict[str, dict] = {}
+        for index, ref in enumerate(references):
+            got = run(ref["input"])
+            for name, expected in ref["output"].items():
+                if name not in got:
+                    raise ValueError(f"{file_name} has no output {name!r}; it has {sorted(got)}")
+                cmp = compare(to_layout(np.asarray(got[name]), expected.shape), expected, tol["atol"], tol["rtol"])
+                worst = per_output.get(name)
+                if worst is None or cmp["max_abs"] > worst["max_abs"]:
+                    per_output[name] = {**cmp, "worst_sample": sample_names[index]}
+                if not cmp["passed"]:
+                    failures.append(
+                        f"{stage} output {name!r} on {sample_names[index]}: max abs {cmp['max_abs']:.3g}, "
+                        f"max rel {cmp['max_rel']:.3g}, {cmp['violations']} elements beyond "
+                        f"atol {tol['atol']:g} + rtol {tol['rtol']:g} * |torch|")
+        results[stage] = {"tolerance": tol, "outputs": per_output,
+                          "passed": all(o["passed"] for o in per_output.values())}
+    record = {"passed": not failures, "samples": sample_names, "stages": results}
+    if failures:
+        record["failure"] = f"entry {entry.id!r}: " + "; ".join(failures[:5])
+    return record

@@ -49,7 +49,9 @@ def _resolve_hub(spec: dict) -> Path:
     try:
         return Path(hf_hub_download(spec["repo"], spec["file"], revision=spec["revision"], local_files_only=True))
     except Exception:  # noqa: BLE001 - any miss in the cache means: try the network next
-        pass
+        if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+            raise WeightsUnavailable(f"hub file {spec['repo']}@{spec['revision']}/{spec['file']} is not in the hub "
+                                     f"cache ({HF_HUB_CACHE}) and HF_HUB_OFFLINE is set") from None
     try:
         return Path(hf_hub_download(spec["repo"], spec["file"], revision=spec["revision"]))
     except Exception as exc:  # noqa: BLE001 - offline, unknown revision, gated repo: all mean unavailable

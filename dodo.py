@@ -30,7 +30,7 @@ def _stage_task(stage, entry):
         "name": entry.id,
         "doc": f"{stage.doc} [{entry.id}]",
         "actions": [[sys.executable, "-m", "tools.stage", stage.name, str(entry.path), str(out)]],
-        "file_dep": [str(out / f) for f in stage.needs] + [f"tools/stages/{stage.name}.py"],
+        "file_dep": [str(out / f) for f in stage.needs] + stage.code_files(),
         "targets": [str(out / f) for f in stage.makes],
         "uptodate": [config_changed({"sections": entry.fingerprint(*stage.sections), "tools": tools,
                                      "env": {k: os.environ.get(k, "") for k in stage.env}})],
@@ -65,3 +65,19 @@ def task_check():
         print(f"{len(ENTRIES)} valid entries, {len(BAD_ENTRIES)} invalid")
         return not BAD_ENTRIES
     return {"actions": [check], "verbosity": 2, "uptodate": [False]}
+
+
+def task_publish():
+    """Copy a built, checked entry into dist/<id>/ and list it in dist/index.json (refuses random or stale builds)"""
+    for entry in ENTRIES:
+        yield {"name": entry.id, "doc": f"publish {entry.id} to dist/",
+               "actions": [[sys.executable, "-m", "tools.publish", entry.id, "--build", str(BUILD), "--zoo", str(ZOO)]],
+               "uptodate": [False], "verbosity": 2}
+
+
+def task_fetch():
+    """Download a published entry's default variant from dist/index.json into models/<id>/, verified"""
+    for entry in ENTRIES:
+        yield {"name": entry.id, "doc": f"fetch the prebuilt {entry.id} into models/",
+               "actions": [[sys.executable, "tools/fetch.py", entry.id, "-o", "models"]],
+               "uptodate": [False], "verbosity": 2}

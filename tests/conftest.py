@@ -1,6 +1,7 @@
 """Shared fixtures: tiny variants of the real zoo entries, and doit run in a temporary folder."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,27 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# A few layers, 20 queries, timm's 0.4 M-parameter test ResNet, 96x96 images: the same graph
-# structure as the full entries at a size that converts in about half a minute.
-TINY = {
-    "dn_detr": {"hidden_size": 32, "encoder_layers": 1, "decoder_layers": 2, "encoder_ffn_dim": 64,
-                "decoder_ffn_dim": 64, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
-                "num_queries": 20, "backbone": "test_resnet"},
-    "deformable_detr": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 2, "encoder_ffn_dim": 64,
-                        "decoder_ffn_dim": 64, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
-                        "num_queries": 20, "backbone": "test_resnet"},
-}
-TINY_SHAPE = [1, 3, 96, 96]
+from tools.smoke import smoke_entry_data  # noqa: E402
 
 
 def tiny_entry_data(base: str, new_id: str) -> dict:
-    data = json.loads((ROOT / "zoo" / f"{base}.json").read_text())
-    data["id"] = new_id
-    data["$schema"] = str(ROOT / "schema" / "entry.schema.json")
-    data["source"]["config"].update(TINY[base])
-    data["inputs"][0]["shape"] = list(TINY_SHAPE)
-    data["validation"]["samples"] = ["skimage:astronaut", "skimage:coffee"]
-    return data
+    """The real entry shrunk by its own smoke section (a few layers, 96x96 images): builds in about a minute."""
+    return smoke_entry_data(json.loads((ROOT / "zoo" / f"{base}.json").read_text()), new_id)
 
 
 def write_entry(zoo: Path, data: dict) -> Path:
@@ -66,3 +52,42 @@ class DoitRun:
 @pytest.fixture
 def doit_run(tmp_path):
     return DoitRun(tmp_path)
+
+
+RANDOM = {"ZOO_WEIGHTS": "random", "HF_HUB_OFFLINE": "1"}
+
+
+def _write_tiny_zoo(run: DoitRun, checkpoint):
+    dn = tiny_entry_data("dn_detr", "dn_tiny")
+    dn["weights"] = {"kind": "local", "path": str(checkpoint), "format": "safetensors",
+                     "sha256": hashlib.sha256(checkpoint.read_bytes()).hexdigest()}
+    write_entry(run.zoo, dn)
+    write_entry(run.zoo, tiny_entry_data("deformable_detr", "dd_tiny"))
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The two tiny entries built serially, and once more from scratch with two doit processes.
+
+    Tiny DN-DETR loads a checkpoint saved here (trained weights, as far as the build can tell); tiny
+    Deformable DETR is built from random weights by opt-in. Tests may change the serial build, never the parallel one.
+    """
+    import torch
+
+    from tools.entry import load_entry
+    from tools.sources import build_module
+
+    base = tmp_path_factory.mktemp("pipeline")
+    data = tiny_entry_data("dn_detr", "dn_tiny")
+    module = build_module(load_entry(write_entry(base / "src", data)))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    module.save_pretrained(base / "ckpt")
+    checkpoint = base / "ckpt" / "model.safetensors"
+    serial, parallel = DoitRun(base / "serial"), DoitRun(base / "parallel")
+    for run in (serial, parallel):
+        _write_tiny_zoo(run, checkpoint)
+    first = serial("run", "build", env=RANDOM)
+    parallel("run", "-n", "2", "build", env=RANDOM)
+    return serial, parallel, first

@@ -66,6 +66,7 @@ BAD = {
     "unknown key map": (lambda d: d["weights"].__setitem__("key_map", "nope"), "$.weights.key_map", "unknown key map"),
     "unpinned without reason": (lambda d: d["weights"].pop("unpinned_reason"), "$.weights.unpinned_reason", "say why"),
     "mean per channel": (lambda d: d["inputs"][0]["preprocess"].__setitem__("mean", [0.5]), "$.inputs[0].preprocess.mean", "needs 3 values"),
+    "smoke shape rank": (lambda d: d["smoke"].__setitem__("input_shapes", [[1, 3, 96]]), "$.smoke.input_shapes", "needs one shape per input"),
     "remote code": (lambda d: d["source"].__setitem__("trust_remote_code", True), "$.source", "unknown key(s) ['trust_remote_code']"),
 }
 

@@ -1,7 +1,6 @@
 """Tiny variants of both entries through the whole doit pipeline, and its incremental behaviour.
 
-The tiny entries are the real ones with a few layers and 96x96 inputs; tiny DN-DETR loads a checkpoint the
-test saves, tiny Deformable DETR is built from random weights by opt-in.
+The tiny entries are the real ones shrunk by their smoke sections (the `built` fixture in conftest).
 """
 from __future__ import annotations
 
@@ -11,13 +10,8 @@ import os
 
 import jsonschema
 import pytest
-import torch
 
-from conftest import ROOT, DoitRun, tiny_entry_data, write_entry
-from tools.entry import load_entry
-from tools.sources import build_module
-
-RANDOM = {"ZOO_WEIGHTS": "random", "HF_HUB_OFFLINE": "1"}
+from conftest import RANDOM, ROOT, DoitRun, tiny_entry_data, write_entry
 STAGES = ("export", "simplify", "convert", "validate", "card")
 
 
@@ -27,33 +21,6 @@ def _tasks(entry_id, *stages):
 
 def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _write_tiny_zoo(run: DoitRun, checkpoint):
-    dn = tiny_entry_data("dn_detr", "dn_tiny")
-    dn["weights"] = {"kind": "local", "path": str(checkpoint), "format": "safetensors",
-                     "sha256": _sha(checkpoint)}
-    write_entry(run.zoo, dn)
-    write_entry(run.zoo, tiny_entry_data("deformable_detr", "dd_tiny"))
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The two tiny entries built serially, and once more from scratch with two doit processes."""
-    base = tmp_path_factory.mktemp("pipeline")
-    data = tiny_entry_data("dn_detr", "dn_tiny")
-    module = build_module(load_entry(write_entry(base / "src", data)))
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    module.save_pretrained(base / "ckpt")
-    checkpoint = base / "ckpt" / "model.safetensors"
-    serial, parallel = DoitRun(base / "serial"), DoitRun(base / "parallel")
-    for run in (serial, parallel):
-        _write_tiny_zoo(run, checkpoint)
-    first = serial("run", "build", env=RANDOM)
-    parallel("run", "-n", "2", "build", env=RANDOM)
-    return serial, parallel, first
 
 
 def test_first_build_runs_every_stage_of_both_entries(built):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,10 @@ import jsonschema
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schema" / "entry.schema.json"
 ZOO_DIR = ROOT / "zoo"
+
+ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
+# What tools.new writes where only the contributor knows the answer; an entry holding it is not finished.
+PLACEHOLDER = "FILL-IN"
 
 # Stages whose tolerance must be declared: each compares its graph with the torch reference.
 VALIDATED_STAGES = ("onnx", "onnx_simplified", "tflite_fp32")
@@ -83,7 +88,21 @@ def _schema_validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
+def _placeholders(value, parts=()):
+    """JSON paths of every string that still holds the scaffold's placeholder."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _placeholders(item, (*parts, key))]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in _placeholders(item, (*parts, i))]
+    return [_json_path(parts)] if isinstance(value, str) and PLACEHOLDER in value else []
+
+
 def _cross_field_checks(path: Path, data: dict) -> None:
+    unfinished = _placeholders(data)
+    if unfinished:
+        also = f" (also at {', '.join(unfinished[1:])})" if unfinished[1:] else ""
+        raise EntryError(path, unfinished[0], f"still {PLACEHOLDER}{also}; replace every {PLACEHOLDER} with the "
+                         "real value (see CONTRIBUTING.md)")
     if data["id"] != path.stem:
         raise EntryError(path, "$.id", f"id {data['id']!r} must equal the file name {path.stem!r}")
     weights = data["weights"]
@@ -106,6 +125,10 @@ def _cross_field_checks(path: Path, data: dict) -> None:
                 if key in pre and len(pre[key]) != channels:
                     raise EntryError(path, f"$.inputs[{i}].preprocess.{key}",
                                      f"needs {channels} values (one per channel), got {len(pre[key])}")
+    shapes = data["smoke"]["input_shapes"]
+    if [len(s) for s in shapes] != [len(spec["shape"]) for spec in data["inputs"]]:
+        raise EntryError(path, "$.smoke.input_shapes",
+                         f"needs one shape per input with the input's rank: {[spec['shape'] for spec in data['inputs']]}, got {shapes}")
     for stage in VALIDATED_STAGES:
         if stage not in data["tolerances"]:
             raise EntryError(path, f"$.tolerances.{stage}",

@@ -48,6 +48,11 @@ def _build_transformers(entry: Entry):
     return model_cls(config)
 
 
+# create_model arguments that would load weights or configs from elsewhere (timm unpickles checkpoint files):
+# weights come only through the entry's `weights` section, which loads them as data.
+TIMM_REFUSED_ARGUMENTS = {"pretrained", "checkpoint_path", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"}
+
+
 def _build_timm(entry: Entry):
     import timm
 
@@ -55,6 +60,10 @@ def _build_timm(entry: Entry):
     name = spec["model"]
     if name not in timm.list_models():
         raise EntryError(entry.path, "$.source.model", f"{name!r} is not a model name in timm {timm.__version__}")
+    for key in spec.get("config", {}):
+        if key in TIMM_REFUSED_ARGUMENTS:
+            raise EntryError(entry.path, f"$.source.config.{key}",
+                             f"{key!r} would load weights or settings outside the entry; declare weights in $.weights")
     try:
         return timm.create_model(name, pretrained=False, **spec.get("config", {}))
     except TypeError as exc:

@@ -17,6 +17,16 @@ class Stage:
     needs: tuple[str, ...]     # files in the build folder it reads
     makes: tuple[str, ...]     # files in the build folder it writes, its record last
     env: tuple[str, ...] = ()  # environment variables whose value is part of its up-to-date check
+    code: tuple[str, ...] = ()  # modules besides tools/stages/<name>.py whose change reruns it (globs, from the root)
+
+    def code_files(self) -> list[str]:
+        """The stage's own module and the modules it calls, as paths relative to the repository root."""
+        from tools.entry import ROOT
+
+        files = {f"tools/stages/{self.name}.py"}
+        for pattern in self.code:
+            files.update(str(p.relative_to(ROOT)) for p in ROOT.glob(pattern))
+        return sorted(files)
 
     def run(self, entry, build_dir):
         return getattr(import_module(f"tools.stages.{self.name}"), self.name)(entry, build_dir)
@@ -28,7 +38,8 @@ ALL_SECTIONS = ("id", "title", "task", "notes", "source", "weights", "inputs", "
 STAGES = {s.name: s for s in [
     Stage("export", "torch -> ONNX (pinned opset, static shapes) and the torch reference outputs",
           ("source", "weights", "inputs", "outputs", "validation", "export.opset", "export.patches"),
-          (), ("model.onnx", "reference.npz", "export.json"), env=("ZOO_WEIGHTS",)),
+          (), ("model.onnx", "reference.npz", "export.json"), env=("ZOO_WEIGHTS",),
+          code=("tools/sources.py", "tools/weights.py", "tools/keymaps.py", "tools/inputs.py", "tools/patches/*.py")),
     Stage("simplify", "onnxsim, with its own check", (),
           ("model.onnx",), ("model_sim.onnx", "simplify.json")),
     Stage("convert", "onnx2tf -> fp32 .tflite with NHWC inputs, builtin ops only", ("export.converter",),
@@ -38,5 +49,5 @@ STAGES = {s.name: s for s in [
            "convert.json"), ("validation.json",)),
     Stage("card", "card.json (schema-checked) and card.md from the stage records", ALL_SECTIONS,
           ("export.json", "simplify.json", "convert.json", "validation.json", "model.onnx", "model_sim.onnx",
-           "model_fp32.tflite"), ("card.md", "card.json")),
+           "model_fp32.tflite"), ("card.md", "card.json"), code=("tools/provenance.py",)),
 ]}

@@ -16,6 +16,7 @@ import jsonschema
 
 from tools.atomic import atomic_path, write_json
 from tools.entry import ROOT, Entry
+from tools.provenance import provenance
 from tools.weights import sha256_of
 
 CARD_SCHEMA = ROOT / "schema" / "card.schema.json"
@@ -53,6 +54,7 @@ def build_card(entry: Entry, build_dir: Path) -> dict:
         "stages": {name: {"wall_s": rec[name]["wall_s"], "peak_rss_mib": rec[name]["peak_rss_mib"]}
                    for name in ("export", "simplify", "convert", "validation")},
         "tools": tools,
+        "provenance": provenance(entry),
         "warnings": [RANDOM_WARNING] if weights["kind"] == "random" else [],
     }
     jsonschema.Draft202012Validator(json.loads(CARD_SCHEMA.read_text())).validate(card)
@@ -98,6 +100,10 @@ def render_markdown(card: dict) -> str:
     lines += ["", "## Build (measured in this build, on the host above)", "", "| stage | wall s | peak RSS MiB |", "|---|---|---|"]
     lines += [f"| {k} | {v['wall_s']} | {v['peak_rss_mib']} |" for k, v in card["stages"].items()]
     lines += ["", "## Tool versions", "", ", ".join(f"{k} {v}" for k, v in sorted(card["tools"].items())), ""]
+    prov = card["provenance"]
+    commit = prov["git_commit"] or "not in a git checkout"
+    lines += ["## Provenance", "", f"- git commit: `{commit}`" + (" (with uncommitted changes)" if prov["git_dirty"] else ""),
+              "- sources (sha256): " + ", ".join(f"`{p}` {d[:12]}" for p, d in prov["sources"].items()), ""]
     return "\n".join(lines)
 
 

@@ -31,6 +31,11 @@ class GraphInterface(torch.nn.Module):
 
     def forward(self, *tensors):
         out = self.inner(**dict(zip(self.input_names, tensors)))
+        if isinstance(out, torch.Tensor):  # timm models return their one output as a plain tensor
+            if len(self.output_names) != 1:
+                raise EntryError(self.entry.path, "$.outputs",
+                                 f"the model returns one tensor; declare one output name, not {self.output_names}")
+            out = {self.output_names[0]: out}
         missing = [n for n in self.output_names if n not in out or out[n] is None]
         if missing:
             available = [k for k in out.keys() if out[k] is not None]

@@ -29,7 +29,7 @@ def to_layout(array: np.ndarray, expected: tuple) -> np.ndarray:
     raise ValueError(f"shape {array.shape} matches neither {tuple(expected)} nor its channel-last form")
 
 
-def _load_reference(path: Path) -> list[dict]:
+def load_reference(path: Path) -> list[dict]:
     with np.load(path) as data:
         samples: dict[int, dict] = {}
         for key in data.files:
@@ -38,20 +38,22 @@ def _load_reference(path: Path) -> list[dict]:
     return [samples[i] for i in sorted(samples)]
 
 
-def _onnx_runner(path: Path):
+def onnx_runner(path: Path, threads: int | None = None):
+    """inputs dict -> outputs dict, with ONNX Runtime on the CPU."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
+    options.intra_op_num_threads = threads or os.cpu_count() or 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return lambda inputs: dict(zip(names, session.run(names, inputs)))
 
 
-def _tflite_runner(path: Path):
+def tflite_runner(path: Path, threads: int | None = None):
+    """torch-layout inputs dict -> outputs dict, with LiteRT (inputs moved channel-last where the graph wants)."""
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_path=str(path), num_threads=os.cpu_count() or 1)
+    interpreter = Interpreter(model_path=str(path), num_threads=threads or os.cpu_count() or 1)
     runner = interpreter.get_signature_runner()
     details = runner.get_input_details()
 
@@ -83,12 +85,12 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
     }
 
 
-STAGE_GRAPHS = (("onnx", "model.onnx", _onnx_runner), ("onnx_simplified", "model_sim.onnx", _onnx_runner),
-                ("tflite_fp32", "model_fp32.tflite", _tflite_runner))
+STAGE_GRAPHS = (("onnx", "model.onnx", onnx_runner), ("onnx_simplified", "model_sim.onnx", onnx_runner),
+                ("tflite_fp32", "model_fp32.tflite", tflite_runner))
 
 
 def validate(entry: Entry, build_dir: Path) -> dict:
-    references = _load_reference(build_dir / "reference.npz")
+    references = load_reference(build_dir / "reference.npz")
     sample_names = entry.data["validation"]["samples"]
     results, failures = {}, []
     for stage, file_name, make_runner in STAGE_GRAPHS:

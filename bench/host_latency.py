@@ -1,0 +1,75 @@
+"""Host latency of built graphs, side by side in one run: ONNX Runtime vs TFLite fp32 (LiteRT), per entry.
+
+    python bench/host_latency.py build/dn_detr build/deformable_detr [--threads 2] [--runs 10] [--json out.json]
+
+Feeds the first validation input of each build (a real photograph), one warm-up run, then `runs` timed
+runs; prints median and mean per runtime, the TFLite/ONNX Runtime ratio per entry and, for two or more
+entries, each entry's TFLite latency relative to the first. Writes the figures as a JSON record with
+the host, the tool versions and the sha256 of every graph it timed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.stages.validate import load_reference, onnx_runner, tflite_runner  # noqa: E402
+from tools.weights import sha256_of  # noqa: E402
+
+RUNTIMES = (("onnxruntime", "model_sim.onnx", onnx_runner), ("tflite_fp32", "model_fp32.tflite", tflite_runner))
+
+
+def time_runs(run, inputs: dict, runs: int) -> list[float]:
+    run(inputs)  # warm-up: allocation, XNNPACK packing
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run(inputs)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("builds", nargs="+", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    record = {"what": "host latency, ms per inference", "threads": args.threads, "runs": args.runs,
+              "host": {"machine": platform.machine(), "platform": platform.platform(), "processor": platform.processor()},
+              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "tools": {d: metadata.version(d) for d in ("onnxruntime", "ai-edge-litert", "numpy")}, "entries": {}}
+    for build in args.builds:
+        inputs = load_reference(build / "reference.npz")[0]["input"]
+        results = {}
+        for name, file_name, make_runner in RUNTIMES:
+            times = time_runs(make_runner(build / file_name, args.threads), inputs, args.runs)
+            results[name] = {"file": file_name, "sha256": sha256_of(build / file_name),
+                             "median_ms": round(statistics.median(times), 2), "mean_ms": round(statistics.mean(times), 2),
+                             "min_ms": round(min(times), 2)}
+            print(f"{build.name:>24} {name:>12}: median {results[name]['median_ms']:9.1f} ms  "
+                  f"mean {results[name]['mean_ms']:9.1f} ms", flush=True)
+        results["tflite_over_onnxruntime"] = round(results["tflite_fp32"]["median_ms"] / results["onnxruntime"]["median_ms"], 3)
+        print(f"{build.name:>24} TFLite fp32 / ONNX Runtime: {results['tflite_over_onnxruntime']:.2f}x")
+        record["entries"][build.name] = results
+    names = list(record["entries"])
+    first = record["entries"][names[0]]["tflite_fp32"]["median_ms"]
+    for name in names[1:]:
+        ratio = record["entries"][name]["tflite_fp32"]["median_ms"] / first
+        record.setdefault("tflite_ratio_to_first", {})[name] = round(ratio, 3)
+        print(f"TFLite fp32 {name} / {names[0]}: {ratio:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

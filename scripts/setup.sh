@@ -4,6 +4,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
+# espeak-ng and sox make the real speech that speech validation, calibration and tests use.
+missing=$(for tool in espeak-ng sox; do command -v "$tool" >/dev/null || echo "$tool"; done)
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  else
+    echo "setup: please install $(echo $missing) (Debian/Ubuntu: sudo apt-get install $(echo $missing))" >&2
+    exit 1
+  fi
+fi
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ -f .venv/.requirements.sha256 ] && [ "$(cat .venv/.requirements.sha256)" = "$want" ] && [ -x .venv/bin/doit ]; then
   exit 0

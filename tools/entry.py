@@ -140,6 +140,9 @@ def _cross_field_checks(path: Path, data: dict) -> None:
             raise EntryError(path, f"$.export.patches[{i}]",
                              f"unknown export patch {name!r}; registered: {sorted(patches.REGISTRY)}")
     key_map = weights.get("key_map")
+    if weights["format"] == "ctranslate2" and key_map is None:
+        raise EntryError(path, "$.weights.key_map", "a ctranslate2 checkpoint needs a key map to the source's layout "
+                         "(e.g. whisper_ctranslate2)")
     if key_map is not None:
         from tools import keymaps
 

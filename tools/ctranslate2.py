@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tools.keymaps import compile_rules, renamed
+
 SUPPORTED_BINARY_VERSION = 6
 # CTranslate2's DataType codes; bfloat16 (5) is widened to float32 on read.
 DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.uint16}
@@ -91,7 +93,7 @@ _FUSED = re.compile(r"(encoder|decoder)/layer_(\d+)/(self_attention/linear_0|att
 # Scalars that describe the architecture (heads, activation, ...); the entry's config declares those.
 _WHISPER_SETTINGS = re.compile(r"(encoder|decoder)/(num_heads|activation|alibi|alignment_heads|alignment_layer|pre_norm|"
                                r"scale_embeddings|start_from_zero_embedding)\Z")
-_COMPILED = [(re.compile(p + r"\Z"), t) for p, t in _WHISPER_RENAMES]
+_COMPILED = compile_rules(_WHISPER_RENAMES)
 
 
 def whisper_to_transformers(variables: dict) -> dict:
@@ -121,13 +123,10 @@ def whisper_to_transformers(variables: dict) -> dict:
                         raise KeyError(f"whisper_ctranslate2: {name} has a non-zero key bias; Whisper's key projection has none")
                     continue
                 out[f"model.{side}.layers.{layer}.{attn}.{proj}.{kind}"] = part.clone()
+        elif (target := renamed(name, _COMPILED)) is not None:
+            out[target] = tensor
         else:
-            for pattern, target in _COMPILED:
-                if pattern.match(name):
-                    out[pattern.sub(target, name)] = tensor
-                    break
-            else:
-                unknown.append(name)
+            unknown.append(name)
     if unknown:
         raise KeyError(f"whisper_ctranslate2: {len(unknown)} variables of no known Whisper layout, e.g. {unknown[:5]}")
     return out

@@ -18,6 +18,19 @@ def register(name: str):
     return wrap
 
 
+def compile_rules(rules: list[tuple[str, str]]) -> list:
+    """(regex, replacement) pairs, each regex anchored at both ends."""
+    return [(re.compile(pattern + r"\Z"), target) for pattern, target in rules]
+
+
+def renamed(key: str, rules: list) -> str | None:
+    """`key` under the first compiled rule that matches it, or None when none does."""
+    for pattern, target in rules:
+        if pattern.match(key):
+            return pattern.sub(target, key)
+    return None
+
+
 # DN-DETR (IDEA-Research/DN-DETR, models/DN_DAB_DETR) -> transformers DabDetrForObjectDetection.
 # Renames of whole key prefixes/suffixes, tried in order; {i} is a layer index.
 _DN_DETR_RULES = [
@@ -54,7 +67,7 @@ _DN_DETR_RULES = [
     (r"transformer\.decoder\.layers\.(\d+)\.norm3\.(.+)", r"model.decoder.layers.\1.mlp.final_layer_norm.\2"),
     (r"transformer\.decoder\.layers\.(\d+)\.activation\.weight", r"model.decoder.layers.\1.mlp.activation_fn.weight"),
 ]
-_DN_DETR_COMPILED = [(re.compile(pattern + r"\Z"), target) for pattern, target in _DN_DETR_RULES]
+_DN_DETR_COMPILED = compile_rules(_DN_DETR_RULES)
 _IN_PROJ = re.compile(r"transformer\.encoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)\Z")
 
 
@@ -86,12 +99,11 @@ def dn_detr_original(state: dict) -> dict:
             for name, part in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
                 out[f"model.encoder.layers.{layer}.self_attn.{name}.{kind}"] = part.clone()
             continue
-        for pattern, target in _DN_DETR_COMPILED:
-            if pattern.match(key):
-                out[pattern.sub(target, key)] = tensor
-                break
-        else:
+        target = renamed(key, _DN_DETR_COMPILED)
+        if target is None:
             unknown.append(key)
+        else:
+            out[target] = tensor
     if unknown:
         raise KeyError(f"dn_detr_original: {len(unknown)} keys of no known DN-DETR layout, e.g. {unknown[:5]}")
     return out

@@ -3,13 +3,16 @@
 onnx2tf fetches a sample-image file from the web for models with 3-channel 4-D inputs, even for fp32;
 that file is made here from real photographs instead, in the folder onnx2tf runs in. onnxsim already ran
 as its own stage, so onnx2tf is told not to run it again. A graph with any non-builtin op (Select TF / Flex,
-custom) is rejected: neither LiteRT nor the board's runtime can run it.
+custom) is rejected: neither LiteRT nor the board's runtime can run it. onnx2tf's full log goes to convert.log;
+a failure quotes its error lines.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -20,7 +23,7 @@ from tools.atomic import atomic_path
 from tools.entry import Entry
 
 ONNX2TF_SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"
-DEFAULT_FLAGS = {"non_verbose": True, "not_use_onnxsim": True, "copy_onnx_input_output_names_to_tflite": True}
+DEFAULT_FLAGS = {"not_use_onnxsim": True, "copy_onnx_input_output_names_to_tflite": True}
 
 
 def write_sample_images(folder: Path) -> Path:
@@ -60,13 +63,28 @@ def tflite_ops(path: Path) -> tuple[Counter, list[str]]:
 
 
 @contextlib.contextmanager
-def _working_dir(path: Path):
+def _in_folder_logged_to(path: Path, log: Path):
+    """cd into `path` and send everything written to stdout and stderr (Python's and native code's) to `log`."""
     old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "w") as handle:
+        os.dup2(handle.fileno(), 1), os.dup2(handle.fileno(), 2)
+        os.chdir(path)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+            os.chdir(old)
+
+
+def _log_errors(log: Path, count: int = 3) -> str:
+    """The last lines of onnx2tf's log that report an error, for the one-line failure message."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+             if re.search(r"ERROR|Error|error:", ln) and "computation_placer" not in ln]
+    return " | ".join(lines[-count:]) or "no error line in the log"
 
 
 def convert(entry: Entry, build_dir: Path) -> dict:
@@ -79,14 +97,16 @@ def convert(entry: Entry, build_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(dir=build_dir, prefix=".onnx2tf-") as work:
         work = Path(work)
         write_sample_images(work)
-        with _working_dir(work):
+        log = build_dir / "convert.log"
+        with _in_folder_logged_to(work, log):
             try:
                 onnx2tf.convert(input_onnx_file_path=str(source), output_folder_path=str(work / "out"), **flags)
             except SystemExit as exc:  # onnx2tf ends with sys.exit(1) on a failed op conversion
-                raise StageError(f"entry {entry.id!r}: onnx2tf gave up (exit {exc.code}); see its log above") from None
+                raise StageError(f"entry {entry.id!r}: onnx2tf gave up (exit {exc.code}): {_log_errors(log)}; "
+                                 f"full log: {log}") from None
         produced = work / "out" / f"{source.stem}_float32.tflite"
         if not produced.exists():
-            raise StageError(f"entry {entry.id!r}: onnx2tf wrote no {produced.name}")
+            raise StageError(f"entry {entry.id!r}: onnx2tf wrote no {produced.name}: {_log_errors(log)}; full log: {log}")
         ops, custom = tflite_ops(produced)
         if custom:
             raise StageError(f"entry {entry.id!r}: the .tflite holds non-builtin ops {custom} (Select TF / custom): "

@@ -156,3 +156,27 @@ def test_timm_arguments_that_load_files_are_refused(tmp_path):
         build_module(load_entry(write_entry(tmp_path / "zoo", data)))
     assert info.value.json_path == "$.source.config.checkpoint_path"
     assert not marker.exists()
+
+
+def test_smoke_picks_the_entries_a_change_touches(tmp_path):
+    from tools.smoke import changed_entry_ids
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    for name in ("zoo/a_model.json", "zoo/b_model.json", "tools/stage.py", "README.md"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("commit", "-qm", "base")
+    git("branch", "base")
+    assert changed_entry_ids("base", tmp_path) == []
+    (tmp_path / "zoo" / "b_model.json").write_text('{"id": "b_model"}')
+    (tmp_path / "README.md").write_text("docs only")
+    git("commit", "-qam", "touch b")
+    assert changed_entry_ids("base", tmp_path) == ["b_model"]
+    (tmp_path / "tools" / "stage.py").write_text("# changed")
+    git("commit", "-qam", "touch code")
+    assert changed_entry_ids("base", tmp_path) == ["a_model", "b_model"]

@@ -45,16 +45,16 @@ def with_random_weights(data: dict, folder: Path) -> dict:
     return data
 
 
-def changed_entry_ids(base: str) -> list[str]:
+def changed_entry_ids(base: str, root: Path = ROOT) -> list[str]:
     """Ids of the zoo entries that differ from `base`; every entry if code under tools/ or schema/ changed."""
-    diff = subprocess.run(["git", "-C", str(ROOT), "diff", "--name-only", f"{base}...HEAD", "--", "zoo", "tools", "schema"],
+    diff = subprocess.run(["git", "-C", str(root), "diff", "--name-only", f"{base}...HEAD", "--", "zoo", "tools", "schema"],
                           capture_output=True, text=True)
     if diff.returncode != 0:
         raise SystemExit(f"error: git diff against {base!r} failed: {diff.stderr.strip()}")
     paths = diff.stdout.split()
     if any(not p.startswith("zoo/") for p in paths):
-        return sorted(p.stem for p in ZOO_DIR.glob("*.json"))
-    return sorted(Path(p).stem for p in paths if p.endswith(".json") and (ROOT / p).exists())
+        return sorted(p.stem for p in (root / "zoo").glob("*.json"))
+    return sorted(Path(p).stem for p in paths if p.endswith(".json") and (root / p).exists())
 
 
 def main(argv: list[str] | None = None) -> int:

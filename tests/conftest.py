@@ -32,11 +32,13 @@ def write_entry(zoo: Path, data: dict) -> Path:
 class DoitRun:
     """doit on a zoo and build folder of the test's own, with its own state database."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, relative_build: bool = False):
         self.zoo, self.build, self.db = base / "zoo", base / "build", base / "doit.db"
+        # As a user runs it: `build/` relative to the working folder (the repository root here).
+        self.build_arg = os.path.relpath(self.build, ROOT) if relative_build else str(self.build)
 
     def __call__(self, *args: str, env: dict | None = None, check: bool = True):
-        full_env = {**os.environ, "ZOO_DIR": str(self.zoo), "ZOO_BUILD": str(self.build), **(env or {})}
+        full_env = {**os.environ, "ZOO_DIR": str(self.zoo), "ZOO_BUILD": self.build_arg, **(env or {})}
         full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
         command, *rest = args
         proc = subprocess.run([sys.executable, "-m", "doit", command, "-f", str(ROOT / "dodo.py"),
@@ -70,7 +72,8 @@ def built(tmp_path_factory):
     """The two tiny entries built serially, and once more from scratch with two doit processes.
 
     Tiny DN-DETR loads a checkpoint saved here (trained weights, as far as the build can tell); tiny
-    Deformable DETR is built from random weights by opt-in. Tests may change the serial build, never the parallel one.
+    Deformable DETR is built from random weights by opt-in. The parallel run names its build folder relative to
+    the repository root, as a user does. Tests may change the serial build, never the parallel one.
     """
     import torch
 
@@ -85,7 +88,7 @@ def built(tmp_path_factory):
             p.add_(torch.randn_like(p) * 0.02)
     module.save_pretrained(base / "ckpt")
     checkpoint = base / "ckpt" / "model.safetensors"
-    serial, parallel = DoitRun(base / "serial"), DoitRun(base / "parallel")
+    serial, parallel = DoitRun(base / "serial"), DoitRun(base / "parallel", relative_build=True)
     for run in (serial, parallel):
         _write_tiny_zoo(run, checkpoint)
     first = serial("run", "build", env=RANDOM)

@@ -31,7 +31,10 @@ class DabDetrLastLayerHead(nn.Module):
         logits = self.detector.class_embed(hidden)
         boxes = self.detector.bbox_predictor(hidden)
         reference = out.reference_points[-1]
-        boxes = torch.cat([boxes[..., : self.query_dim] + _inverse_sigmoid(reference), boxes[..., self.query_dim:]], -1)
+        if boxes.shape[-1] == self.query_dim:  # 4-d anchors: no empty slice (a zero-size tensor the NPU rejects)
+            boxes = boxes + _inverse_sigmoid(reference)
+        else:
+            boxes = torch.cat([boxes[..., : self.query_dim] + _inverse_sigmoid(reference), boxes[..., self.query_dim:]], -1)
         return {"logits": logits, "pred_boxes": boxes.sigmoid()}
 
 

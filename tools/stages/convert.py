@@ -95,7 +95,7 @@ def convert(entry: Entry, build_dir: Path) -> dict:
     flags = {**DEFAULT_FLAGS, **entry.data["export"].get("converter", {}).get("onnx2tf", {})}
     source = (build_dir / "model_sim.onnx").resolve()
     with tempfile.TemporaryDirectory(dir=build_dir, prefix=".onnx2tf-") as work:
-        work = Path(work)
+        work = Path(work).resolve()  # onnx2tf runs inside it: a relative path would point elsewhere there
         write_sample_images(work)
         log = build_dir / "convert.log"
         with _in_folder_logged_to(work, log):

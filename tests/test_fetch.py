@@ -172,3 +172,10 @@ def test_unknown_entry_and_variant_are_named(tmp_path, mirror, capsys):
     assert "entry 'tiny_model' has no variant 'int8'; it has ['fp32']" in capsys.readouterr().err
     assert fetch.main(["nope_model", "--index", str(index)]) == 1
     assert "no entry 'nope_model' in the index; it has ['tiny_model']" in capsys.readouterr().err
+
+
+def test_malformed_index_record_is_an_error_not_a_traceback(tmp_path, mirror, capsys):
+    record = _record("model.tflite", PAYLOAD, [f"{mirror.url}/model.tflite"])
+    del record["sha256"]
+    assert _fetch(_index(tmp_path, [record]), tmp_path / "out", mirror) == 1
+    assert "malformed record for 'tiny_model'" in capsys.readouterr().err

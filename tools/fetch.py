@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except (KeyError, TypeError, ValueError) as exc:  # a record without name, bytes, sha256 or urls
+        print(f"error: malformed record for {args.id!r} in the index {args.index}: {type(exc).__name__} {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted: partial downloads are kept as .NAME.part and resume on the next run", file=sys.stderr)
         return 130

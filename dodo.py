@@ -1,4 +1,5 @@
-"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate and card tasks, and build:<id>.
+"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate, (quantize, fidelity) and card
+tasks, and build:<id>.
 
 Only the translation from entries to tasks lives here; the stages are in tools/stages. Each task depends on
 its input files, on the entry sections it reads, on the versions of the tools it calls and on its own code.
@@ -30,8 +31,9 @@ def _stage_task(stage, entry):
         "name": entry.id,
         "doc": f"{stage.doc} [{entry.id}]",
         "actions": [[sys.executable, "-m", "tools.stage", stage.name, str(entry.path), str(out)]],
-        "file_dep": [str(out / f) for f in stage.needs] + stage.code_files(),
-        "targets": [str(out / f) for f in stage.makes],
+        "file_dep": [str(out / f) for f in stage.needs_for(entry)] + stage.code_files(),
+        "targets": [str(out / f) for f in stage.makes_for(entry)],
+        "task_dep": [f"{name}:{entry.id}" for name in stage.after],
         "uptodate": [config_changed({"sections": entry.fingerprint(*stage.sections), "tools": tools,
                                      "env": {k: os.environ.get(k, "") for k in stage.env}})],
         "clean": True,
@@ -41,7 +43,8 @@ def _stage_task(stage, entry):
 def _make_task_creator(stage):
     def creator():
         for entry in ENTRIES:
-            yield _stage_task(stage, entry)
+            if stage.applies_to(entry):
+                yield _stage_task(stage, entry)
     creator.__doc__ = stage.doc
     return creator
 
@@ -51,7 +54,7 @@ for _stage in STAGES.values():
 
 
 def task_build():
-    """All stages of an entry: ONNX, simplified ONNX, fp32 TFLite, validation and card"""
+    """All stages of an entry: ONNX, simplified ONNX, fp32 TFLite, validation, INT8 variants and fidelity, card"""
     for entry in ENTRIES:
         yield {"name": entry.id, "doc": f"build everything for {entry.id}", "actions": None,
                "task_dep": [f"card:{entry.id}"]}

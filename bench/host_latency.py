@@ -1,10 +1,12 @@
-"""Host latency of built graphs, side by side in one run: ONNX Runtime vs TFLite fp32 (LiteRT), per entry.
+"""Host latency of built graphs, side by side in one run: ONNX Runtime vs TFLite fp32 vs each TFLite INT8
+variant (LiteRT, XNNPACK), per entry.
 
     python bench/host_latency.py build/dn_detr build/deformable_detr [--threads 2] [--runs 10] [--json out.json]
 
 Feeds the first validation input of each build (a real photograph), one warm-up run, then `runs` timed
-runs; prints median and mean per runtime, the TFLite/ONNX Runtime ratio per entry and, for two or more
-entries, each entry's TFLite latency relative to the first. Writes the figures as a JSON record with
+runs; prints median and mean per graph, the TFLite/ONNX Runtime and INT8/fp32 ratios per entry and, for two or more
+entries, each entry's TFLite latency relative to the first beside the ratio of their MAC counts (the ideal:
+latency that follows arithmetic). Writes the figures as a JSON record with
 the host, the tool versions and the sha256 of every graph it timed.
 """
 from __future__ import annotations
@@ -26,6 +28,13 @@ from tools.weights import sha256_of  # noqa: E402
 RUNTIMES = (("onnxruntime", "model_sim.onnx", onnx_runner), ("tflite_fp32", "model_fp32.tflite", tflite_runner))
 
 
+def graphs(build: Path) -> list[tuple]:
+    """ONNX Runtime, TFLite fp32, and every INT8 variant the build's quantize record lists."""
+    record = build / "quantize.json"
+    int8 = json.loads(record.read_text())["variants"] if record.exists() else {}
+    return [*RUNTIMES, *((f"tflite_{name}", v["file"], tflite_runner) for name, v in int8.items())]
+
+
 def time_runs(run, inputs: dict, runs: int) -> list[float]:
     run(inputs)  # warm-up: allocation, XNNPACK packing
     times = []
@@ -34,6 +43,15 @@ def time_runs(run, inputs: dict, runs: int) -> list[float]:
         run(inputs)
         times.append((time.perf_counter() - start) * 1000)
     return times
+
+
+def graph_macs(path: Path) -> int:
+    """Multiply-accumulates of the graph's convolutions and matrix products (tools.npu counts them per op)."""
+    from tools.npu import macs
+    from tools.tflite_graph import read_graph
+
+    graph = read_graph(path)
+    return sum(macs(graph, op) for op in graph.ops)
 
 
 def main() -> int:
@@ -50,22 +68,29 @@ def main() -> int:
     for build in args.builds:
         inputs = load_reference(build / "reference.npz")[0]["input"]
         results = {}
-        for name, file_name, make_runner in RUNTIMES:
+        for name, file_name, make_runner in graphs(build):
             times = time_runs(make_runner(build / file_name, args.threads), inputs, args.runs)
             results[name] = {"file": file_name, "sha256": sha256_of(build / file_name),
                              "median_ms": round(statistics.median(times), 2), "mean_ms": round(statistics.mean(times), 2),
                              "min_ms": round(min(times), 2)}
             print(f"{build.name:>24} {name:>12}: median {results[name]['median_ms']:9.1f} ms  "
                   f"mean {results[name]['mean_ms']:9.1f} ms", flush=True)
+        results["macs"] = graph_macs(build / "model_fp32.tflite")
         results["tflite_over_onnxruntime"] = round(results["tflite_fp32"]["median_ms"] / results["onnxruntime"]["median_ms"], 3)
         print(f"{build.name:>24} TFLite fp32 / ONNX Runtime: {results['tflite_over_onnxruntime']:.2f}x")
+        for name in [n for n in results if n.startswith("tflite_int8")]:
+            results[f"{name}_over_fp32"] = round(results[name]["median_ms"] / results["tflite_fp32"]["median_ms"], 3)
+            print(f"{build.name:>24} {name} / TFLite fp32: {results[f'{name}_over_fp32']:.2f}x")
         record["entries"][build.name] = results
     names = list(record["entries"])
     first = record["entries"][names[0]]["tflite_fp32"]["median_ms"]
     for name in names[1:]:
         ratio = record["entries"][name]["tflite_fp32"]["median_ms"] / first
+        macs = record["entries"][name]["macs"] / record["entries"][names[0]]["macs"]
         record.setdefault("tflite_ratio_to_first", {})[name] = round(ratio, 3)
-        print(f"TFLite fp32 {name} / {names[0]}: {ratio:.2f}x")
+        record.setdefault("mac_ratio_to_first", {})[name] = round(macs, 3)
+        print(f"TFLite fp32 {name} / {names[0]}: {ratio:.2f}x latency, {macs:.2f}x MACs "
+              f"(latency ratio / MAC ratio: {ratio / macs:.2f})")
     if args.json:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0

@@ -82,3 +82,78 @@ def test_patch_refuses_a_class_it_was_not_written_for():
 
 def test_every_patch_has_a_summary():
     assert REGISTRY and all(p.summary and p.applies_to for p in REGISTRY.values())
+
+
+def _tokens_graph():
+    """Two levels of (1, 4, N) tokens, each transposed to (1, N, 4), then concatenated: DETR's flatten."""
+    from onnx import TensorProto, helper
+
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4, 4])  # square: 4 positions, 4 channels
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4, 6])
+    out = helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, 10, 4])
+    nodes = [helper.make_node("Transpose", ["a"], ["ta"], perm=[0, 2, 1]),
+             helper.make_node("Transpose", ["b"], ["tb"], perm=[0, 2, 1]),
+             helper.make_node("Concat", ["ta", "tb"], ["tokens"], axis=1)]
+    return helper.make_model(helper.make_graph(nodes, "tokens", [a, b], [out]), opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8)
+
+
+def test_tokens_are_concatenated_before_one_transpose_with_the_same_values():
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from tools.patches import apply_onnx_patches
+
+    model = _tokens_graph()
+    feed = {"a": np.random.default_rng(0).normal(size=(1, 4, 4)).astype(np.float32),
+            "b": np.random.default_rng(1).normal(size=(1, 4, 6)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]  # noqa: E731
+    before = run(model)
+    assert apply_onnx_patches(model, ["onnx_concat_tokens_before_transpose"]) == {"onnx_concat_tokens_before_transpose": 1}
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["Concat", "Transpose"]
+    assert np.array_equal(run(model), before)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+    assert [1, 4, 10] in shapes.values()  # the new tensor carries its shape for onnx2tf
+
+
+def test_an_onnx_patch_with_nothing_to_rewrite_is_an_error():
+    from onnx import TensorProto, helper
+
+    from tools.patches import apply_onnx_patches
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]))
+    with pytest.raises(ValueError, match="found nothing to rewrite"):
+        apply_onnx_patches(model, ["onnx_concat_tokens_before_transpose"])
+
+
+def _pool_graph(activation: str):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])
+    nodes = [helper.make_node(activation, ["x"], ["a"]),
+             helper.make_node("MaxPool", ["a"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
+    return helper.make_model(helper.make_graph(nodes, "pool", [x], [y]), opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8)
+
+
+def test_max_pool_after_relu_is_zero_padded_with_the_same_maxima():
+    import numpy as np
+    import onnxruntime as ort
+
+    from tools.patches.onnx_layout import relu_maxpool_zero_padding
+
+    feed = {"x": np.random.default_rng(0).normal(size=(1, 2, 5, 5)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]  # noqa: E731
+    model = _pool_graph("Relu")
+    before = run(model)
+    assert relu_maxpool_zero_padding(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Pad", "MaxPool"]
+    assert [list(a.ints) for a in model.graph.node[2].attribute if a.name == "pads"] == [[0, 0, 0, 0]]
+    assert np.array_equal(run(model), before)
+    # Without a ReLU before it, zero padding would change the maxima of negative windows: left alone.
+    assert relu_maxpool_zero_padding(_pool_graph("Neg")) == 0

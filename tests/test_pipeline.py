@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from conftest import RANDOM, ROOT, DoitRun, tiny_entry_data, write_entry
-STAGES = ("export", "simplify", "convert", "validate", "card")
+STAGES = ("export", "simplify", "convert", "validate", "quantize", "fidelity", "npu", "card")
 
 
 def _tasks(entry_id, *stages):
@@ -108,6 +108,70 @@ def test_breached_tolerance_fails_the_build_with_the_numbers(built):
     assert serial("run", "build:dn_tiny", env=RANDOM).ran == _tasks("dn_tiny", "validate", "card")
 
 
+def test_build_writes_int8_variants_a_fidelity_record_and_their_card(built):
+    serial, _, _ = built
+    build = serial.build / "dn_tiny"
+    fidelity = json.loads((build / "fidelity.json").read_text())
+    assert fidelity["passed"] and set(fidelity["variants"]) == {"int8_pt", "int8_pc"}
+    for variant in fidelity["variants"].values():
+        assert variant["outputs"]["logits"]["sqnr_db_min"] >= 15 and variant["detection"]["recall"] >= 0.8
+        assert variant["layers"]["compared"] > 100
+    card = json.loads((build / "card.json").read_text())
+    assert card["fidelity"]["passed"] and card["quantization"]["calibration"]["count"] == 16
+    assert {a["path"] for a in card["artifacts"]} >= {"model_int8_pt.tflite", "model_int8_pc.tflite"}
+    assert "## INT8 (full-integer, int8 activations) against fp32 TFLite" in (build / "card.md").read_text()
+
+
+def test_npu_report_covers_every_graph_and_reaches_the_card(built):
+    serial, _, _ = built
+    npu = json.loads((serial.build / "dd_tiny" / "npu.json").read_text())
+    assert set(npu["graphs"]) == {"model_fp32.tflite", "model_int8_pt.tflite", "model_int8_pc.tflite"}
+    newest = npu["graphs"]["model_int8_pt.tflite"]["lf-6.6"]["summary"]
+    # The gather formulation of deformable attention keeps every op on the NPU (no TILE, WHERE, SELECT, COS).
+    assert newest["ops_npu"] == newest["ops"] and newest["partitions"] == 1
+    card = (serial.build / "dd_tiny" / "card.md").read_text()
+    assert "## NPU placement (VX delegate rules, static analysis: not measured on a board)" in card
+
+
+def test_known_int8_failure_is_measured_shown_and_does_not_stop_the_build(built):
+    serial, _, _ = built
+    fidelity = json.loads((serial.build / "dd_tiny" / "fidelity.json").read_text())
+    card = (serial.build / "dd_tiny" / "card.md").read_text()
+    assert "known_failure" in fidelity["thresholds"]
+    assert ("Fidelity gate: **FAILED** (a known failure" in card) == (not fidelity["passed"])
+
+
+def test_changed_calibration_reruns_only_the_int8_stages_and_card(built):
+    serial, _, _ = built
+    old = json.loads((serial.build / "dn_tiny" / "quantize.json").read_text())["calibration"]["sha256"]
+    _edit(serial, "dn_tiny", lambda d: d["quantization"]["calibration"].__setitem__("seed", 7))
+    assert serial("run", "build", env=RANDOM).ran == _tasks("dn_tiny", "quantize", "fidelity", "npu", "card")
+    assert json.loads((serial.build / "dn_tiny" / "quantize.json").read_text())["calibration"]["sha256"] != old
+
+
+def test_int8_below_the_gate_fails_the_build_with_the_numbers(built):
+    serial, _, _ = built
+    _edit(serial, "dn_tiny", lambda d: d["quantization"]["fidelity"].__setitem__("min_sqnr_db", 150))
+    failed = serial("run", "build:dn_tiny", env=RANDOM, check=False)
+    assert failed.returncode != 0 and failed.ran == _tasks("dn_tiny", "fidelity")
+    assert "fidelity: entry 'dn_tiny': INT8 fidelity below the entry's thresholds: int8_pt output 'logits': SQNR" in failed.stderr
+    assert "dB < 150 dB" in failed.stderr
+    _edit(serial, "dn_tiny", lambda d: d["quantization"]["fidelity"].__setitem__("min_sqnr_db", 15))
+    assert serial("run", "build:dn_tiny", env=RANDOM).ran == _tasks("dn_tiny", "fidelity", "card")
+
+
+def test_calibration_that_overlaps_validation_is_refused(built):
+    serial, _, _ = built
+    original = json.loads((serial.zoo / "dn_tiny.json").read_text())["quantization"]["calibration"]["samples"]
+    _edit(serial, "dn_tiny", lambda d: d["quantization"]["calibration"].__setitem__("samples", ["skimage:rocket", "skimage:astronaut"]))
+    failed = serial("run", "build:dn_tiny", env=RANDOM, check=False)
+    assert failed.returncode != 0
+    assert ("quantize: entry 'dn_tiny': calibration data overlaps the validation data: "
+            "calibration sample 1 (= validation sample skimage:astronaut)") in failed.stderr
+    _edit(serial, "dn_tiny", lambda d: d["quantization"]["calibration"].__setitem__("samples", original))
+    assert "quantize:dn_tiny" in serial("run", "build:dn_tiny", env=RANDOM).ran
+
+
 def test_converter_upgrade_reruns_convert_and_after(built, tmp_path):
     serial, _, _ = built
     # A newer onnx2tf, as importlib.metadata sees it: a dist-info found first on the path.
@@ -115,8 +179,12 @@ def test_converter_upgrade_reruns_convert_and_after(built, tmp_path):
     fake.mkdir(parents=True)
     (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: onnx2tf\nVersion: 9.9.9\n")
     env = {**RANDOM, "PYTHONPATH": f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    before = _sha(serial.build / "dn_tiny" / "model_fp32.tflite")
     upgraded = serial("run", "build:dn_tiny", env=env)
-    assert upgraded.ran == _tasks("dn_tiny", "convert", "validate", "card")
+    # INT8 reruns only if the fp32 graph it starts from came out different.
+    same = _sha(serial.build / "dn_tiny" / "model_fp32.tflite") == before
+    int8 = () if same else ("quantize", "fidelity", "npu")
+    assert upgraded.ran == _tasks("dn_tiny", "convert", "validate", *int8, "card")
     card = json.loads((serial.build / "dn_tiny" / "card.json").read_text())
     assert card["tools"]["onnx2tf"] == "9.9.9"
 

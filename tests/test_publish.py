@@ -32,7 +32,8 @@ def test_published_entry_is_listed_with_checksums_and_passes_the_schema(built, d
     index = json.loads((dist / "index.json").read_text())
     jsonschema.validate(index, json.loads((ROOT / "schema" / "dist-index.schema.json").read_text()))
     assert index["entries"]["dn_tiny"] == record
-    assert record["default_variant"] == "fp32" and set(record["variants"]) == {"fp32", "onnx"}
+    assert list(record["variants"]) == ["int8_pt", "int8_pc", "fp32", "onnx"]
+    assert record["default_variant"] == "int8_pt"  # the NPU runs INT8 graphs only
     tflite = record["variants"]["fp32"]["files"][0]
     built_file = parallel.build / "dn_tiny" / "model_fp32.tflite"
     assert tflite["sha256"] == hashlib.sha256(built_file.read_bytes()).hexdigest()
@@ -41,7 +42,8 @@ def test_published_entry_is_listed_with_checksums_and_passes_the_schema(built, d
     sums = dict(reversed(line.split("  ")) for line in (dist / "dn_tiny" / "SHA256SUMS").read_text().splitlines())
     for name, digest in sums.items():
         assert hashlib.sha256((dist / "dn_tiny" / name).read_bytes()).hexdigest() == digest
-    assert {"model_fp32.tflite", "model.onnx", "card.md", "card.json", "provenance.json"} <= set(sums)
+    assert {"model_int8_pt.tflite", "model_int8_pc.tflite", "model_fp32.tflite", "model.onnx", "card.md", "card.json",
+            "provenance.json"} <= set(sums)
     provenance = json.loads((dist / "dn_tiny" / "provenance.json").read_text())
     assert provenance["weights"]["kind"] == "trained" and provenance["provenance"]["sources"]
     assert record["weights"]["sha256_loaded"] == provenance["weights"]["sha256_loaded"]
@@ -126,9 +128,10 @@ def test_published_model_is_fetched_back_from_an_https_mirror(built, dist, tmp_p
         out = tmp_path / "models"
         assert fetch.main(["dn_tiny", "--index", str(index), "-o", str(out), "--cafile", str(mirror.cafile),
                            "--backoff", "0.01", "--retries", "0"]) == 0
-    for f in record["variants"]["fp32"]["files"] + record["documents"]:
+    default = record["default_variant"]
+    for f in record["variants"][default]["files"] + record["documents"]:
         assert hashlib.sha256((out / "dn_tiny" / f["name"]).read_bytes()).hexdigest() == f["sha256"]
-    assert {name for name, _ in mirror.log} >= {"dn_tiny/model_fp32.tflite", "dn_tiny/card.md"}
+    assert {name for name, _ in mirror.log} >= {f"dn_tiny/model_{default}.tflite", "dn_tiny/card.md"}
 
 
 def test_doit_lists_publish_and_fetch_tasks(built):

@@ -133,6 +133,7 @@ def _cross_field_checks(path: Path, data: dict) -> None:
         if stage not in data["tolerances"]:
             raise EntryError(path, f"$.tolerances.{stage}",
                              f"the {stage} stage runs for every entry, so it needs a tolerance: {{\"atol\": ..., \"rtol\": ...}}")
+    _quantization_checks(path, data)
     from tools import patches  # local import: the registry imports torch lazily, names only here
 
     for i, name in enumerate(data["export"].get("patches", [])):
@@ -149,6 +150,30 @@ def _cross_field_checks(path: Path, data: dict) -> None:
         if key_map not in keymaps.REGISTRY:
             raise EntryError(path, "$.weights.key_map",
                              f"unknown key map {key_map!r}; registered: {sorted(keymaps.REGISTRY)}")
+
+
+CALIBRATION_FIELD = {"photos": "samples", "files": "glob", "npy": "path"}
+
+
+def _quantization_checks(path: Path, data: dict) -> None:
+    quant = data["quantization"]
+    if not quant["enabled"]:
+        return
+    names = [v["name"] for v in quant["variants"]]
+    if len(set(names)) != len(names):
+        raise EntryError(path, "$.quantization.variants", f"variant names must be unique, got {names}")
+    kind = quant["calibration"]["kind"]
+    if CALIBRATION_FIELD[kind] not in quant["calibration"]:
+        raise EntryError(path, f"$.quantization.calibration.{CALIBRATION_FIELD[kind]}",
+                         f"calibration kind {kind!r} needs {CALIBRATION_FIELD[kind]!r}")
+    fidelity = quant["fidelity"]
+    for name in fidelity.get("outputs", {}):
+        if name not in data["outputs"]:
+            raise EntryError(path, f"$.quantization.fidelity.outputs.{name}",
+                             f"no output {name!r}; the entry's outputs are {data['outputs']}")
+    if "detection" in fidelity and (data["task"] != "object-detection" or len(data["outputs"]) < 2):
+        raise EntryError(path, "$.quantization.fidelity.detection",
+                         "detection agreement needs an object-detection entry whose outputs are [logits, boxes]")
 
 
 def load_entry(path: Path | str) -> Entry:

@@ -8,7 +8,7 @@ import numpy as np
 from tools.entry import ROOT, Entry, EntryError
 
 
-def _read_image(entry: Entry, ref: str) -> np.ndarray:
+def read_image(entry: Entry, ref: str, json_path: str = "$.validation.samples") -> np.ndarray:
     """An HxWx3 uint8 RGB photograph from 'skimage:<name>' or 'file:<path>'."""
     from PIL import Image
 
@@ -18,17 +18,20 @@ def _read_image(entry: Entry, ref: str) -> np.ndarray:
 
         loader = getattr(skimage.data, name, None)
         if loader is None or not callable(loader):
-            raise EntryError(entry.path, "$.validation.samples", f"scikit-image ships no image {name!r}")
-        image = np.asarray(loader())
+            raise EntryError(entry.path, json_path, f"scikit-image ships no image {name!r}")
+        image = loader()
+        image = np.asarray(image[0] if isinstance(image, tuple) else image)  # stereo pairs: the left view
     else:
         path = Path(name) if Path(name).is_absolute() else ROOT / name
         try:
             image = np.asarray(Image.open(path).convert("RGB"))
         except OSError as exc:
-            raise EntryError(entry.path, "$.validation.samples", f"cannot read image {path}: {exc}") from None
+            raise EntryError(entry.path, json_path, f"cannot read image {path}: {exc}") from None
+    if image.dtype == bool:
+        image = image.astype(np.uint8) * 255
     if image.ndim == 2:
         image = np.repeat(image[..., None], 3, axis=2)
-    return image[..., :3]
+    return np.ascontiguousarray(image[..., :3])
 
 
 def preprocess_image(image: np.ndarray, spec: dict) -> np.ndarray:
@@ -51,6 +54,6 @@ def validation_samples(entry: Entry) -> list[dict[str, np.ndarray]]:
     """One dict of named model inputs per declared validation sample."""
     samples = []
     for ref in entry.data["validation"]["samples"]:
-        image = _read_image(entry, ref)
+        image = read_image(entry, ref)
         samples.append({spec["name"]: preprocess_image(image, spec) for spec in entry.data["inputs"]})
     return samples

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from tools.calibration import CALIBRATION_PHOTOS
 from tools.entry import ID_PATTERN, PLACEHOLDER, ZOO_DIR
 
 # transformers auto-mapping -> (zoo task, the model's output fields, default input side)
@@ -81,7 +82,12 @@ def scaffold(entry_id: str, origin: str) -> dict:
         "outputs": spec["outputs"],
         "validation": {"samples": ["skimage:astronaut", "skimage:coffee", "skimage:chelsea"]},
         "export": {"opset": 17, "patches": []},
-        "quantization": {"enabled": False},
+        "quantization": {
+            "enabled": True,
+            "variants": [{"name": "int8_pt", "weights": "per-tensor"}, {"name": "int8_pc", "weights": "per-channel"}],
+            "calibration": {"kind": "photos", "samples": list(CALIBRATION_PHOTOS), "count": 16, "seed": 0},
+            "fidelity": {"min_sqnr_db": 15, "min_cosine": 0.98},
+        },
         "tolerances": {stage: {"atol": 1e-4, "rtol": 1e-3} for stage in ("onnx", "onnx_simplified", "tflite_fp32")},
         "bench": {"input_sizes": [[side // 2, side // 2], [side, side]], "threads": 2, "runs": 10},
         "smoke": {"config": {}, "input_shapes": [[1, 3, SMOKE_SIDE, SMOKE_SIDE]]},

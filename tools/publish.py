@@ -26,9 +26,14 @@ from tools.weights import sha256_of
 
 GIT_SIZE_LIMIT = 16 * 1024 * 1024
 INDEX_SCHEMA = ROOT / "schema" / "dist-index.schema.json"
-# Published variant -> the artifact that holds it. INT8 variants join this table with the quantize stage.
+# Published variant -> the artifact that holds it; each INT8 variant of the card joins under its own name.
 VARIANTS = {"fp32": "model_fp32.tflite", "onnx": "model.onnx"}
-DEFAULT_VARIANT_ORDER = ("fp32", "onnx")
+
+
+def _variant_files(card: dict) -> dict:
+    """Variant name -> file, INT8 variants first: the first is the index's default (the NPU runs INT8 only)."""
+    int8 = {name: v["file"] for name, v in card.get("quantization", {}).get("variants", {}).items()}
+    return {**int8, **VARIANTS}
 
 
 class PublishError(RuntimeError):
@@ -78,7 +83,7 @@ def index_entry(card: dict, dist_dir: Path) -> dict:
     entry_id = card["id"]
     folder = dist_dir / entry_id
     built = {a["path"] for a in card["artifacts"]}
-    variants = {v: {"files": [_file_record(dist_dir, entry_id, folder / f)]} for v, f in VARIANTS.items() if f in built}
+    variants = {v: {"files": [_file_record(dist_dir, entry_id, folder / f)]} for v, f in _variant_files(card).items() if f in built}
     documents = [_file_record(dist_dir, entry_id, folder / n) for n in ("card.md", "card.json", "provenance.json")]
     weights = card["weights"]
     return {
@@ -90,7 +95,7 @@ def index_entry(card: dict, dist_dir: Path) -> dict:
         "tools": card["tools"],
         "git_commit": card["provenance"]["git_commit"],
         "built": card["generated"],
-        "default_variant": next(v for v in DEFAULT_VARIANT_ORDER if v in variants),
+        "default_variant": next(iter(variants)),
         "variants": variants,
         "documents": documents,
     }
@@ -116,7 +121,7 @@ def publish(entry_id: str, build_root: Path, dist_dir: Path, zoo_dir: Path) -> d
         raise PublishError(f"refusing to publish {entry_id}: " + "; ".join(problems))
     folder = dist_dir / entry_id
     built = {a["path"] for a in card["artifacts"]}
-    for name in [f for f in VARIANTS.values() if f in built] + ["card.md", "card.json"]:
+    for name in [f for f in _variant_files(card).values() if f in built] + ["card.md", "card.json"]:
         _copy(build_dir / name, folder / name)
     write_json(folder / "provenance.json", {
         "id": entry_id, "built": card["generated"], "host": card["host"], "weights": card["weights"],

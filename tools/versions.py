@@ -9,6 +9,9 @@ STAGE_TOOLS = {
     "simplify": ["onnx", "onnxsim", "onnxruntime"],
     "convert": ["onnx2tf", "tensorflow", "tf-keras", "onnx", "onnxsim", "onnxruntime", "ai-edge-litert"],
     "validate": ["onnxruntime", "ai-edge-litert", "numpy"],
+    "quantize": ["tensorflow", "numpy", "scikit-image", "pillow"],
+    "fidelity": ["ai-edge-litert", "numpy"],
+    "npu": ["tensorflow"],
 }
 
 

@@ -16,26 +16,40 @@ REGISTRY: dict[str, "Patch"] = {}
 class Patch:
     name: str
     applies_to: tuple[str, ...]  # source classes the patch knows how to rewrite
-    apply: Callable             # module -> module to export
+    apply: Callable             # torch module -> module to export, or ONNX model -> (model, rewrites made)
     summary: str
+    graph: str = "torch"        # what it rewrites: the torch module before export, or the exported ONNX graph
 
 
-def register(name: str, applies_to: tuple[str, ...]):
+def register(name: str, applies_to: tuple[str, ...], graph: str = "torch"):
     def wrap(fn: Callable) -> Callable:
-        REGISTRY[name] = Patch(name, applies_to, fn, (fn.__doc__ or "").strip().splitlines()[0])
+        REGISTRY[name] = Patch(name, applies_to, fn, (fn.__doc__ or "").strip().splitlines()[0], graph)
         return fn
     return wrap
 
 
 def apply_patches(module, names: list[str]):
-    """Apply the named patches in order; refuse a patch on a class it was not written for."""
+    """Apply the named torch patches in order; refuse a patch on a source class it was not written for."""
+    target = type(module).__name__  # the source class, before any patch wraps the module
     for name in names:
         patch = REGISTRY[name]
-        target = type(module).__name__
         if target not in patch.applies_to:
             raise ValueError(f"export patch {name!r} rewrites {list(patch.applies_to)}, not {target}")
-        module = patch.apply(module)
+        if patch.graph == "torch":
+            module = patch.apply(module)
     return module
 
 
-from tools.patches import dab_detr, deformable_detr  # noqa: E402,F401  (registration)
+def apply_onnx_patches(model, names: list[str]) -> dict[str, int]:
+    """Apply the named ONNX-graph patches in order; how many rewrites each made (a patch that finds nothing
+    to rewrite is an error: the entry names it for a reason)."""
+    made = {}
+    for name in names:
+        if REGISTRY[name].graph == "onnx":
+            model, made[name] = REGISTRY[name].apply(model)
+            if not made[name]:
+                raise ValueError(f"ONNX patch {name!r} found nothing to rewrite in this graph")
+    return made
+
+
+from tools.patches import dab_detr, deformable_detr, onnx_layout  # noqa: E402,F401  (registration)

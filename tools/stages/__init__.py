@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from importlib import import_module
 
 
+class StageError(RuntimeError):
+    """A stage's check failed: the message names the entry, what failed and by how much (one line, no traceback)."""
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -18,6 +22,19 @@ class Stage:
     makes: tuple[str, ...]     # files in the build folder it writes, its record last
     env: tuple[str, ...] = ()  # environment variables whose value is part of its up-to-date check
     code: tuple[str, ...] = ()  # modules besides tools/stages/<name>.py whose change reruns it (globs, from the root)
+    int8_only: bool = False     # runs only for entries with quantization enabled
+    needs_int8: tuple[str, ...] = ()  # files it also reads when the entry has INT8 variants
+    after: tuple[str, ...] = ()  # stages that must have succeeded first, though it reads none of their files
+
+    def applies_to(self, entry) -> bool:
+        return not self.int8_only or int8_enabled(entry)
+
+    def needs_for(self, entry) -> list[str]:
+        return _expand(self.needs + (self.needs_int8 if int8_enabled(entry) else ()), entry)
+
+    def makes_for(self, entry) -> list[str]:
+        """Its output files for this entry, its record last; 'model_{variant}.tflite' names one file per INT8 variant."""
+        return _expand(self.makes, entry)
 
     def code_files(self) -> list[str]:
         """The stage's own module and the modules it calls, as paths relative to the repository root."""
@@ -32,6 +49,21 @@ class Stage:
         return getattr(import_module(f"tools.stages.{self.name}"), self.name)(entry, build_dir)
 
 
+def int8_enabled(entry) -> bool:
+    return bool(entry.data["quantization"]["enabled"])
+
+
+def variant_files(entry) -> list[str]:
+    return [f"model_{v['name']}.tflite" for v in entry.data["quantization"].get("variants", [])] if int8_enabled(entry) else []
+
+
+def _expand(names: tuple[str, ...], entry) -> list[str]:
+    out = []
+    for name in names:
+        out += variant_files(entry) if name == "model_{variant}.tflite" else [name]
+    return out
+
+
 ALL_SECTIONS = ("id", "title", "task", "notes", "source", "weights", "inputs", "outputs", "validation", "export",
                 "quantization", "tolerances", "bench", "license")
 
@@ -40,14 +72,26 @@ STAGES = {s.name: s for s in [
           ("source", "weights", "inputs", "outputs", "validation", "export.opset", "export.patches"),
           (), ("model.onnx", "reference.npz", "export.json"), env=("ZOO_WEIGHTS",),
           code=("tools/sources.py", "tools/weights.py", "tools/keymaps.py", "tools/inputs.py", "tools/patches/*.py")),
-    Stage("simplify", "onnxsim, with its own check", (),
-          ("model.onnx",), ("model_sim.onnx", "simplify.json")),
+    Stage("simplify", "onnxsim, with its own check, then the entry's ONNX-graph patches", ("export.patches",),
+          ("model.onnx",), ("model_sim.onnx", "simplify.json"), code=("tools/patches/*.py",)),
     Stage("convert", "onnx2tf -> fp32 .tflite with NHWC inputs, builtin ops only", ("export.converter",),
-          ("model_sim.onnx",), ("model_fp32.tflite", "convert.json")),
+          ("model_sim.onnx",), ("model_fp32.tflite", "convert.json"), code=("tools/tflite_graph.py",)),
     Stage("validate", "every graph against torch on real inputs, within the entry's tolerances", ("tolerances",),
           ("reference.npz", "model.onnx", "model_sim.onnx", "model_fp32.tflite", "export.json", "simplify.json",
            "convert.json"), ("validation.json",)),
+    Stage("quantize", "INT8 variants of the fp32 .tflite, calibrated on real data kept apart from validation",
+          ("inputs", "validation", "quantization.variants", "quantization.keep_float", "quantization.calibration"),
+          ("model_fp32.tflite",), ("model_{variant}.tflite", "quantize.json"), int8_only=True, after=("validate",),
+          code=("tools/calibration.py", "tools/inputs.py", "tools/tflite_graph.py")),
+    Stage("fidelity", "INT8 vs fp32 TFLite on the validation inputs: SQNR, cosine, task agreement, worst layers",
+          ("outputs", "validation", "quantization.variants", "quantization.fidelity"),
+          ("reference.npz", "model_fp32.tflite", "model_{variant}.tflite", "quantize.json"), ("fidelity.json",),
+          int8_only=True, code=("tools/metrics.py", "tools/stages/validate.py")),
+    Stage("npu", "VX-delegate placement of every .tflite: ops and MACs on the NPU, partitions, every fallback and why",
+          (), ("model_fp32.tflite", "model_{variant}.tflite"), ("npu.json",),
+          code=("tools/npu.py", "tools/data/vx_delegate_rules.json", "tools/tflite_graph.py")),
     Stage("card", "card.json (schema-checked) and card.md from the stage records", ALL_SECTIONS,
           ("export.json", "simplify.json", "convert.json", "validation.json", "model.onnx", "model_sim.onnx",
-           "model_fp32.tflite"), ("card.md", "card.json"), code=("tools/provenance.py",)),
+           "model_fp32.tflite", "npu.json"), ("card.md", "card.json"), code=("tools/provenance.py",),
+          needs_int8=("quantize.json", "fidelity.json", "model_{variant}.tflite")),
 ]}

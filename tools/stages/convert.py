@@ -14,13 +14,13 @@ import re
 import shutil
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from tools.atomic import atomic_path
 from tools.entry import Entry
+from tools.tflite_graph import read_graph
 
 ONNX2TF_SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"
 DEFAULT_FLAGS = {"not_use_onnxsim": True, "copy_onnx_input_output_names_to_tflite": True}
@@ -40,26 +40,6 @@ def write_sample_images(folder: Path) -> Path:
     path = folder / ONNX2TF_SAMPLE_FILE
     np.save(path, np.stack(crops).astype(np.float32))
     return path
-
-
-def tflite_ops(path: Path) -> tuple[Counter, list[str]]:
-    """Histogram of the graph's op names, and the names of any non-builtin ops."""
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    model = schema.Model.GetRootAsModel(path.read_bytes(), 0)
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-    ops, custom = Counter(), []
-    for s in range(model.SubgraphsLength()):
-        graph = model.Subgraphs(s)
-        for i in range(graph.OperatorsLength()):
-            code = model.OperatorCodes(graph.Operators(i).OpcodeIndex())
-            builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
-            name = names.get(builtin, str(builtin))
-            if name == "CUSTOM":
-                name = (code.CustomCode() or b"?").decode()
-                custom.append(name)
-            ops[name] += 1
-    return ops, sorted(set(custom))
 
 
 @contextlib.contextmanager
@@ -90,7 +70,7 @@ def _log_errors(log: Path, count: int = 3) -> str:
 def convert(entry: Entry, build_dir: Path) -> dict:
     import onnx2tf
 
-    from tools.stage import StageError
+    from tools.stages import StageError
 
     flags = {**DEFAULT_FLAGS, **entry.data["export"].get("converter", {}).get("onnx2tf", {})}
     source = (build_dir / "model_sim.onnx").resolve()
@@ -107,7 +87,8 @@ def convert(entry: Entry, build_dir: Path) -> dict:
         produced = work / "out" / f"{source.stem}_float32.tflite"
         if not produced.exists():
             raise StageError(f"entry {entry.id!r}: onnx2tf wrote no {produced.name}: {_log_errors(log)}; full log: {log}")
-        ops, custom = tflite_ops(produced)
+        graph = read_graph(produced)
+        ops, custom = graph.op_histogram(), sorted({op.name for op in graph.ops if not op.builtin})
         if custom:
             raise StageError(f"entry {entry.id!r}: the .tflite holds non-builtin ops {custom} (Select TF / custom): "
                              "LiteRT and the board cannot run them; add an export patch or an onnx2tf replacement")

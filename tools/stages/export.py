@@ -83,7 +83,7 @@ def export(entry: Entry, build_dir: Path) -> dict:
             np.savez(handle, **reference)
     return {
         "weights": weights,
-        "patches": [{"name": n, "summary": REGISTRY[n].summary} for n in patch_names],
+        "patches": [{"name": n, "summary": REGISTRY[n].summary, "graph": REGISTRY[n].graph} for n in patch_names],
         "opset": entry.data["export"]["opset"],
         "exporter": "torch.onnx.export (TorchScript, dynamo=False)",
         "inputs": {spec["name"]: spec["shape"] for spec in entry.data["inputs"]},

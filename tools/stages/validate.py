@@ -49,19 +49,37 @@ def onnx_runner(path: Path, threads: int | None = None):
     return lambda inputs: dict(zip(names, session.run(names, inputs)))
 
 
-def tflite_runner(path: Path, threads: int | None = None):
-    """torch-layout inputs dict -> outputs dict, with LiteRT (inputs moved channel-last where the graph wants)."""
+def tflite_runner(path: Path, threads: int | None = None, **options):
+    """torch-layout float inputs dict -> float outputs dict, with LiteRT. Inputs move channel-last where the graph
+    wants; an int8 input is quantized and an int8 output dequantized with the tensor's own scale and zero point."""
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_path=str(path), num_threads=threads or os.cpu_count() or 1)
+    interpreter = Interpreter(model_path=str(path), num_threads=threads or os.cpu_count() or 1, **options)
     runner = interpreter.get_signature_runner()
-    details = runner.get_input_details()
+    inputs, outputs = runner.get_input_details(), runner.get_output_details()
 
-    def run(inputs: dict) -> dict:
-        feed = {name: to_layout_input(inputs[name], tuple(details[name]["shape"])) for name in inputs}
-        return runner(**feed)
+    def run(feed: dict) -> dict:
+        got = runner(**{name: _quantize(to_layout_input(feed[name], tuple(inputs[name]["shape"])), inputs[name])
+                        for name in feed})
+        return {name: _dequantize(value, outputs[name]) for name, value in got.items()}
 
+    run.interpreter = interpreter
     return run
+
+
+def _quantize(array: np.ndarray, detail: dict) -> np.ndarray:
+    if detail["dtype"] == np.float32:
+        return array.astype(np.float32)
+    scale, zero = detail["quantization"]
+    info = np.iinfo(detail["dtype"])
+    return np.clip(np.round(array / scale) + zero, info.min, info.max).astype(detail["dtype"])
+
+
+def _dequantize(array: np.ndarray, detail: dict) -> np.ndarray:
+    if array.dtype == np.float32 or not detail["quantization"][0]:
+        return array
+    scale, zero = detail["quantization"]
+    return (array.astype(np.float32) - zero) * np.float32(scale)
 
 
 def to_layout_input(array: np.ndarray, wanted: tuple) -> np.ndarray:

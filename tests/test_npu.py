@@ -1,0 +1,149 @@
+"""The VX-delegate placement rules on small graphs built to hit each kind of rule, partition counting, and the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from tools.npu import analyse, load_rules
+
+
+def _tflite(tmp_path, fn, signature, name="model", int16=False):
+    """Convert a tf.function to a .tflite file (16x8 quantized when int16)."""
+    import tensorflow as tf
+
+    concrete = tf.function(fn, input_signature=signature).get_concrete_function()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], tf.Module())
+    if int16:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+        shape = [d or 1 for d in signature[0].shape]
+        converter.representative_dataset = lambda: ([np.random.default_rng(i).normal(size=shape).astype(np.float32)] for i in range(4))
+    path = tmp_path / f"{name}.tflite"
+    path.write_bytes(converter.convert())
+    return path
+
+
+def _spec(shape, dtype="float32"):
+    import tensorflow as tf
+
+    return tf.TensorSpec(shape, getattr(tf, dtype))
+
+
+def _by_op(report):
+    out = {}
+    for p in report["ops"]:
+        out.setdefault(p["op"], []).append(p)
+    return out
+
+
+def test_int64_gather_indices_fall_back_and_int32_ones_do_not(tmp_path):
+    import tensorflow as tf
+
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    for dtype, placement in (("int64", "CPU"), ("int32", "NPU")):
+        path = _tflite(tmp_path, lambda i: tf.gather(table, i) * 2.0, [_spec([3], dtype)], name=dtype)
+        gather = _by_op(analyse(path))["GATHER"][0]
+        assert gather["placement"] == placement
+        assert ("any input is INT64 (BROADCAST_TO excepted)" in gather["reasons"]) == (dtype == "int64")
+
+
+def test_int16_activations_put_every_node_on_the_cpu(tmp_path):
+    import tensorflow as tf
+
+    weights = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    path = _tflite(tmp_path, lambda x: tf.nn.relu(tf.matmul(x, weights)), [_spec([1, 8])], int16=True)
+    report = analyse(path)
+    fc = _by_op(report)["FULLY_CONNECTED"][0]
+    assert fc["placement"] == "CPU" and "any output is INT16" in fc["reasons"]
+    assert report["summary"]["macs_npu_pct"] == 0.0
+
+
+def test_dynamic_shapes_fall_back(tmp_path):
+    import tensorflow as tf
+
+    path = _tflite(tmp_path, lambda x: tf.reshape(x * 2.0, [-1, 2]), [_spec([None, 4])])
+    reshape = _by_op(analyse(path))["RESHAPE"][0]
+    assert reshape["placement"] == "CPU"
+    assert any("shape is not static" in r for r in reshape["reasons"])
+
+
+def test_unregistered_op_falls_back_and_splits_the_graph_in_two_partitions(tmp_path):
+    import tensorflow as tf
+
+    path = _tflite(tmp_path, lambda x: tf.math.cumsum(x + 1.0, axis=1) * 3.0, [_spec([1, 16])])
+    report = analyse(path)
+    assert [(p["op"], p["placement"]) for p in report["ops"]] == [("ADD", "NPU"), ("CUMSUM", "CPU"), ("MUL", "NPU")]
+    assert report["fallbacks"] == {"CUMSUM": {"count": 1, "reasons": {"CUMSUM is not registered in the VX delegate": 1}}}
+    assert report["summary"]["partitions"] == 2 and report["summary"]["cpu_subsets"] == 1
+    assert report["summary"]["crossing_tensors"] == 2  # ADD's output to the CPU, CUMSUM's back to the NPU
+
+
+def test_independent_npu_ops_on_both_sides_of_a_cpu_op_join_one_partition(tmp_path):
+    import tensorflow as tf
+
+    # a + 1 and a * 2 do not depend on the CUMSUM: TFLite puts them in one delegate partition.
+    path = _tflite(tmp_path, lambda a: (a + 1.0, tf.math.cumsum(a, axis=1), a * 2.0), [_spec([1, 16])])
+    summary = analyse(path)["summary"]
+    assert summary["partitions"] == 1 and summary["ops_npu"] == 2
+
+
+def test_a_conditional_op_stays_on_the_npu_when_its_condition_holds(tmp_path):
+    import tensorflow as tf
+
+    const = _tflite(tmp_path, lambda x: tf.reshape(x, [2, 4]) + 1.0, [_spec([1, 8])], name="const")
+    assert _by_op(analyse(const))["RESHAPE"][0]["placement"] == "NPU"
+    fed = _tflite(tmp_path, lambda x, shape: tf.reshape(x, shape) + 1.0, [_spec([1, 8]), _spec([2], "int32")], name="fed")
+    reshape = _by_op(analyse(fed))["RESHAPE"][0]
+    assert reshape["placement"] == "CPU" and "input 1 must be constant" in reshape["reasons"]
+
+
+def test_an_op_the_older_bsp_lacks_falls_back_there_only(tmp_path):
+    import tensorflow as tf
+
+    path = _tflite(tmp_path, lambda a, b: tf.math.squared_difference(a, b), [_spec([1, 8]), _spec([1, 8])])
+    assert analyse(path, "lf-6.6")["summary"]["ops_npu"] == 1
+    old = analyse(path, "lf-5.15")
+    assert old["fallbacks"]["SQUARED_DIFFERENCE"]["reasons"] == {"SQUARED_DIFFERENCE is not registered in the lf-5.15 delegate": 1}
+
+
+def test_macs_of_a_convolution_and_a_dense_layer(tmp_path):
+    import tensorflow as tf
+
+    kernel = np.ones((3, 3, 4, 8), np.float32)
+    dense = np.ones((8, 5), np.float32)
+    path = _tflite(tmp_path, lambda x: tf.matmul(tf.reshape(tf.nn.conv2d(x, kernel, 1, "VALID"), [-1, 8]), dense),
+                   [_spec([1, 6, 6, 4])])
+    ops = _by_op(analyse(path))
+    assert ops["CONV_2D"][0]["macs"] == 4 * 4 * 8 * (3 * 3 * 4)  # output positions x channels x kernel volume
+    assert ops["FULLY_CONNECTED"][0]["macs"] == 16 * 5 * 8
+
+
+def test_every_check_the_rules_name_is_implemented():
+    from tools.npu import check_fails
+    from tools.tflite_graph import Graph, Op, Tensor
+
+    t = Tensor(0, "t", "FLOAT32", (1, 4, 4, 4), False, 0)
+    graph = Graph([], [t, t], (), (), {})
+    op = Op(0, "X", True, (0, 1, 1, 1), (0,))
+    for rule in load_rules()["ops"].values():
+        for check in rule.get("checks", []):
+            check_fails(graph, op, check)  # raises KeyError for a check with no code
+
+
+def test_cli_prints_the_summary_and_names_bad_arguments(tmp_path):
+    import tensorflow as tf
+
+    path = _tflite(tmp_path, lambda x: tf.math.cumsum(x, axis=1), [_spec([1, 4])])
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tools.npu", *a], cwd=ROOT, capture_output=True, text=True)  # noqa: E731
+    ok = run(str(path), "--json", str(tmp_path / "r.json"))
+    assert ok.returncode == 0 and "CUMSUM x1: CUMSUM is not registered in the VX delegate (1)" in ok.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["ops"] == 1
+    missing = run(str(tmp_path / "nope.tflite"))
+    assert missing.returncode == 1 and "nope.tflite: no such file" in missing.stderr
+    bad = run(str(path), "--bsp", "lf-4.0")
+    assert bad.returncode == 1 and "unknown BSP 'lf-4.0'; the rules know ['lf-5.15', 'lf-6.6']" in bad.stderr

@@ -53,11 +53,7 @@ def _crop(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def _image_refs(entry: Entry, spec: dict, rng: np.random.Generator) -> list[str]:
     if spec["kind"] == "photos":
-        if "samples" not in spec:
-            raise EntryError(entry.path, SECTION, "kind 'photos' needs 'samples': ['skimage:<name>' or 'file:<path>', ...]")
         return list(spec["samples"])
-    if "glob" not in spec:
-        raise EntryError(entry.path, SECTION, "kind 'files' needs 'glob', e.g. \"data/calib/*.jpg\"")
     pattern = spec["glob"] if Path(spec["glob"]).is_absolute() else str(ROOT / spec["glob"])
     files = sorted(glob.glob(pattern))
     if not files:
@@ -67,7 +63,7 @@ def _image_refs(entry: Entry, spec: dict, rng: np.random.Generator) -> list[str]
     return [f"file:{f}" for f in files]
 
 
-def _image_set(entry: Entry, spec: dict) -> CalibrationSet:
+def _image_set(entry: Entry, spec: dict) -> tuple[list, list]:
     rng = np.random.default_rng(spec["seed"])
     refs = _image_refs(entry, spec, rng)
     images = [read_image(entry, ref, SECTION) for ref in refs]
@@ -77,13 +73,10 @@ def _image_set(entry: Entry, spec: dict) -> CalibrationSet:
         if i >= len(images):
             image = _crop(image, rng)
         samples.append({s["name"]: preprocess_image(image, s) for s in entry.data["inputs"]})
-    sources = [{"ref": ref, "sha256": _digest(image)} for ref, image in zip(refs, images)]
-    return CalibrationSet(samples, sources, _digest(*(a for s in samples for a in (s[k] for k in sorted(s)))))
+    return samples, [{"ref": ref, "sha256": _digest(image)} for ref, image in zip(refs, images)]
 
 
-def _npy_set(entry: Entry, spec: dict) -> CalibrationSet:
-    if len(entry.data["inputs"]) != 1 or "path" not in spec:
-        raise EntryError(entry.path, SECTION, "kind 'npy' needs 'path' and a model with a single input")
+def _npy_set(entry: Entry, spec: dict) -> tuple[list, list]:
     path = Path(spec["path"]) if Path(spec["path"]).is_absolute() else ROOT / spec["path"]
     input_spec = entry.data["inputs"][0]
     try:
@@ -96,14 +89,14 @@ def _npy_set(entry: Entry, spec: dict) -> CalibrationSet:
     rng = np.random.default_rng(spec["seed"])
     order = rng.permutation(len(rows))[:spec["count"]] if len(rows) > spec["count"] else np.arange(len(rows))
     samples = [{input_spec["name"]: rows[i:i + 1].astype(np.float32)} for i in order]
-    sources = [{"ref": f"{path.name}[{int(i)}]", "sha256": _sample_digest(s)} for i, s in zip(order, samples)]
-    return CalibrationSet(samples, sources, _digest(*(s[input_spec["name"]] for s in samples)))
+    return samples, [{"ref": f"{path.name}[{int(i)}]", "sha256": _sample_digest(s)} for i, s in zip(order, samples)]
 
 
 def calibration_set(entry: Entry) -> CalibrationSet:
     """The entry's calibration samples, as declared in quantization.calibration."""
     spec = entry.data["quantization"]["calibration"]
-    return _npy_set(entry, spec) if spec["kind"] == "npy" else _image_set(entry, spec)
+    samples, sources = _npy_set(entry, spec) if spec["kind"] == "npy" else _image_set(entry, spec)
+    return CalibrationSet(samples, sources, _digest(*(s[name] for s in samples for name in sorted(s))))
 
 
 def overlap_with_validation(entry: Entry, calibration: CalibrationSet) -> list[str]:

@@ -166,6 +166,8 @@ def _quantization_checks(path: Path, data: dict) -> None:
     if CALIBRATION_FIELD[kind] not in quant["calibration"]:
         raise EntryError(path, f"$.quantization.calibration.{CALIBRATION_FIELD[kind]}",
                          f"calibration kind {kind!r} needs {CALIBRATION_FIELD[kind]!r}")
+    if kind == "npy" and len(data["inputs"]) != 1:
+        raise EntryError(path, "$.quantization.calibration.kind", "kind 'npy' holds one array: it needs a model with a single input")
     fidelity = quant["fidelity"]
     for name in fidelity.get("outputs", {}):
         if name not in data["outputs"]:

@@ -16,7 +16,7 @@ REGISTRY: dict[str, "Patch"] = {}
 class Patch:
     name: str
     applies_to: tuple[str, ...]  # source classes the patch knows how to rewrite
-    apply: Callable             # torch module -> module to export, or ONNX model -> (model, rewrites made)
+    apply: Callable             # torch module -> module to export, or ONNX model (rewritten in place) -> rewrites made
     summary: str
     graph: str = "torch"        # what it rewrites: the torch module before export, or the exported ONNX graph
 
@@ -46,7 +46,7 @@ def apply_onnx_patches(model, names: list[str]) -> dict[str, int]:
     made = {}
     for name in names:
         if REGISTRY[name].graph == "onnx":
-            model, made[name] = REGISTRY[name].apply(model)
+            made[name] = REGISTRY[name].apply(model)
             if not made[name]:
                 raise ValueError(f"ONNX patch {name!r} found nothing to rewrite in this graph")
     return made

@@ -56,7 +56,7 @@ def concat_tokens_before_transpose(model):
                                                          name=f"{stem}_transpose"))
         rewritten += 1
     _infer_shapes(model, rewritten)
-    return model, rewritten
+    return rewritten
 
 
 def relu_maxpool_zero_padding(model) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tools.entry import Entry
 from tools.metrics import agreement, cosine, detections, match_detections, sqnr_db
-from tools.stages.validate import load_reference, tflite_runner
+from tools.stages.validate import dequantize, load_reference, tflite_runner
 
 DEFAULT_LAYER_SQNR_DB = 20.0
 DEFAULT_WORST_LAYERS = 10
@@ -56,12 +56,8 @@ def layer_report(fp32_path: Path, int8_path: Path, feed: dict, threshold_db: flo
             if peak == 0 or peak < CANCELLATION * magnitude:  # all-zero references have no SQNR either
                 skipped += 1
                 continue
-            value = quantized.get_tensor(index).astype(np.float32)
-            if d["dtype"] == np.int8:
-                scale, zero = d["quantization"]
-                value = (value - zero) * np.float32(scale)
             layers.append({"op_index": int(op["index"]), "op": op["op_name"], "tensor": d["name"],
-                           "sqnr_db": sqnr_db(expected, value)})
+                           "sqnr_db": sqnr_db(expected, dequantize(quantized.get_tensor(index), d))})
     first = next((layer for layer in layers if layer["sqnr_db"] < threshold_db), None)
     rounded = lambda layer: {**layer, "sqnr_db": _rounded(layer["sqnr_db"])}  # noqa: E731
     return {"compared": len(layers), "cancellation_skipped": skipped, "threshold_db": threshold_db,
@@ -96,15 +92,16 @@ def _detection_agreement(spec: dict, outputs: list[tuple[dict, dict]], names: li
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in agreement(counts).items()}
 
 
-def _gate(spec: dict, name: str, result: dict) -> list[str]:
+def _gate(spec: dict, name: str, measured: dict, det: dict | None) -> list[str]:
+    """measured: output -> (lowest SQNR, lowest cosine) over the samples."""
     failures = []
-    for output, res in result["outputs"].items():
+    for output, (sqnr, cos) in measured.items():
         limits = {**{k: spec[k] for k in ("min_sqnr_db", "min_cosine")}, **spec.get("outputs", {}).get(output, {})}
-        if res["sqnr_db_min"] < limits["min_sqnr_db"]:
-            failures.append(f"{name} output {output!r}: SQNR {res['sqnr_db_min']:.1f} dB < {limits['min_sqnr_db']} dB")
-        if res["cosine_min"] < limits["min_cosine"]:
-            failures.append(f"{name} output {output!r}: cosine {res['cosine_min']:.4f} < {limits['min_cosine']}")
-    det, limits = result.get("detection"), spec.get("detection", {})
+        if sqnr < limits["min_sqnr_db"]:
+            failures.append(f"{name} output {output!r}: SQNR {sqnr:.1f} dB < {limits['min_sqnr_db']} dB")
+        if cos < limits["min_cosine"]:
+            failures.append(f"{name} output {output!r}: cosine {cos:.4f} < {limits['min_cosine']}")
+    limits = spec.get("detection", {})
     for key in ("precision", "recall", "mean_iou"):
         if det is not None and det[key] < limits[f"min_{key}"]:
             failures.append(f"{name} detections vs fp32: {key} {det[key]:.3f} < {limits[f'min_{key}']}")
@@ -122,19 +119,18 @@ def fidelity(entry: Entry, build_dir: Path) -> dict:
         path = build_dir / f"model_{variant['name']}.tflite"
         run, kernels = _int8_runner(path, references[0]["input"])
         pairs = [(ref, run(sample["input"])) for ref, sample in zip(fp32_outputs, references)]
-        per_output = {}
+        per_output, measured = {}, {}
         for name in names:
             sqnrs = [sqnr_db(ref[name], got[name]) for ref, got in pairs]
             cosines = [cosine(ref[name], got[name]) for ref, got in pairs]
-            worst = int(np.argmin(sqnrs))
+            measured[name] = (min(sqnrs), min(cosines))
             per_output[name] = {"sqnr_db_min": _rounded(min(sqnrs)), "sqnr_db_mean": _rounded(float(np.mean(sqnrs))),
                                 "cosine_min": round(min(cosines), 6),
-                                "worst_sample": entry.data["validation"]["samples"][worst]}
+                                "worst_sample": entry.data["validation"]["samples"][int(np.argmin(sqnrs))]}
         result = {"file": path.name, "kernels": kernels, "outputs": per_output}
         if "detection" in spec:
             result["detection"] = _detection_agreement(spec["detection"], pairs, names)
-        gate_input = {**result, "outputs": {k: {**v, "sqnr_db_min": float(v["sqnr_db_min"])} for k, v in per_output.items()}}
-        result["failures"] = _gate(spec, variant["name"], gate_input)
+        result["failures"] = _gate(spec, variant["name"], measured, result.get("detection"))
         result["passed"] = not result["failures"]
         result["layers"] = layer_report(build_dir / "model_fp32.tflite", path, references[0]["input"],
                                         spec.get("layer_sqnr_db", DEFAULT_LAYER_SQNR_DB),

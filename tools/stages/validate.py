@@ -61,7 +61,7 @@ def tflite_runner(path: Path, threads: int | None = None, **options):
     def run(feed: dict) -> dict:
         got = runner(**{name: _quantize(to_layout_input(feed[name], tuple(inputs[name]["shape"])), inputs[name])
                         for name in feed})
-        return {name: _dequantize(value, outputs[name]) for name, value in got.items()}
+        return {name: dequantize(value, outputs[name]) for name, value in got.items()}
 
     run.interpreter = interpreter
     return run
@@ -75,7 +75,8 @@ def _quantize(array: np.ndarray, detail: dict) -> np.ndarray:
     return np.clip(np.round(array / scale) + zero, info.min, info.max).astype(detail["dtype"])
 
 
-def _dequantize(array: np.ndarray, detail: dict) -> np.ndarray:
+def dequantize(array: np.ndarray, detail: dict) -> np.ndarray:
+    """An int8 tensor as float, with the scale and zero point of its LiteRT tensor details; float as it is."""
     if array.dtype == np.float32 or not detail["quantization"][0]:
         return array
     scale, zero = detail["quantization"]

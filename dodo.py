@@ -1,5 +1,6 @@
-"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate, (quantize, fidelity) and card
-tasks, and build:<id>.
+"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate, (quantize, fidelity), npu and
+card tasks, and build:<id>. A split entry (Whisper) gets the per-graph stages once per graph, named <id>.<graph>,
+and a speech task that decodes whole utterances with the graphs.
 
 Only the translation from entries to tasks lives here; the stages are in tools/stages. Each task depends on
 its input files, on the entry sections it reads, on the versions of the tools it calls and on its own code.
@@ -24,16 +25,18 @@ for _error in BAD_ENTRIES:
     print(f"error: skipping invalid entry {_error}", file=sys.stderr)
 
 
-def _stage_task(stage, entry):
-    out = BUILD / entry.id
+def _stage_task(stage, entry, graph):
+    """One stage of an entry, or of one graph of a split entry (task name <id>.<graph>, folder build/<id>/<graph>)."""
+    name = f"{entry.id}.{graph}" if graph else entry.id
+    out = BUILD / entry.id / (graph or "")
     tools = tool_versions(stage.name) if stage.name in STAGE_TOOLS else {}
     return {
-        "name": entry.id,
-        "doc": f"{stage.doc} [{entry.id}]",
-        "actions": [[sys.executable, "-m", "tools.stage", stage.name, str(entry.path), str(out)]],
+        "name": name,
+        "doc": f"{stage.doc} [{name}]",
+        "actions": [[sys.executable, "-m", "tools.stage", stage.name, str(entry.path), str(out), *([graph] if graph else [])]],
         "file_dep": [str(out / f) for f in stage.needs_for(entry)] + stage.code_files(),
         "targets": [str(out / f) for f in stage.makes_for(entry)],
-        "task_dep": [f"{name}:{entry.id}" for name in stage.after],
+        "task_dep": [f"{after}:{name}" for after in stage.after],
         "uptodate": [config_changed({"sections": entry.fingerprint(*stage.sections), "tools": tools,
                                      "env": {k: os.environ.get(k, "") for k in stage.env}})],
         "clean": True,
@@ -44,7 +47,8 @@ def _make_task_creator(stage):
     def creator():
         for entry in ENTRIES:
             if stage.applies_to(entry):
-                yield _stage_task(stage, entry)
+                for graph, view in stage.targets(entry):
+                    yield _stage_task(stage, view, graph)
     creator.__doc__ = stage.doc
     return creator
 
@@ -54,7 +58,8 @@ for _stage in STAGES.values():
 
 
 def task_build():
-    """All stages of an entry: ONNX, simplified ONNX, fp32 TFLite, validation, INT8 variants and fidelity, card"""
+    """All stages of an entry: ONNX, simplified ONNX, fp32 TFLite, validation, INT8 variants and fidelity, NPU
+    placement, (transcripts), card"""
     for entry in ENTRIES:
         yield {"name": entry.id, "doc": f"build everything for {entry.id}", "actions": None,
                "task_dep": [f"card:{entry.id}"]}

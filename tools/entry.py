@@ -37,10 +37,23 @@ class EntryError(ValueError):
 class Entry:
     path: Path
     data: dict
+    graph: str | None = None  # one graph of a split entry (build/<id>/<graph>/), or None: the whole entry
 
     @property
     def id(self) -> str:
         return self.data["id"]
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        """The graphs a split entry runs as, in order; () for a single-graph entry."""
+        from tools.splits import graphs_of
+
+        return graphs_of(self.data)
+
+    def for_graph(self, name: str) -> "Entry":
+        if name not in self.graphs:
+            raise EntryError(self.path, "$.split.name", f"no graph {name!r}; the split has {list(self.graphs)}")
+        return Entry(self.path, self.data, graph=name)
 
     def section(self, *keys: str) -> dict:
         """A copy of the named top-level sections (dotted keys reach one level down: 'export.opset')."""
@@ -117,6 +130,12 @@ def _cross_field_checks(path: Path, data: dict) -> None:
             raise EntryError(path, f"$.inputs[{i}].layout",
                              f"layout {spec['layout']!r} names {len(spec['layout'])} axes but shape {spec['shape']} has {len(spec['shape'])}")
         pre = spec["preprocess"]
+        wanted = {"image": "samples", "log_mel": "sentences"}[pre["kind"]]
+        if wanted not in data["validation"]:
+            raise EntryError(path, "$.validation", f"{pre['kind']} input {spec['name']!r} is validated on {wanted!r}")
+        if pre["kind"] == "log_mel" and (spec["layout"] != "NCT" or spec["shape"][1] != pre.get("n_mels", 80)):
+            raise EntryError(path, f"$.inputs[{i}]", f"log_mel features are laid out NCT with n_mels channels "
+                             f"({pre.get('n_mels', 80)}), got layout {spec['layout']!r} and shape {spec['shape']}")
         if pre["kind"] == "image":
             if spec["layout"] != "NCHW":
                 raise EntryError(path, f"$.inputs[{i}].layout", "image inputs are declared in torch's NCHW layout")
@@ -134,6 +153,7 @@ def _cross_field_checks(path: Path, data: dict) -> None:
             raise EntryError(path, f"$.tolerances.{stage}",
                              f"the {stage} stage runs for every entry, so it needs a tolerance: {{\"atol\": ..., \"rtol\": ...}}")
     _quantization_checks(path, data)
+    _split_checks(path, data)
     from tools import patches  # local import: the registry imports torch lazily, names only here
 
     for i, name in enumerate(data["export"].get("patches", [])):
@@ -152,7 +172,27 @@ def _cross_field_checks(path: Path, data: dict) -> None:
                              f"unknown key map {key_map!r}; registered: {sorted(keymaps.REGISTRY)}")
 
 
-CALIBRATION_FIELD = {"photos": "samples", "files": "glob", "npy": "path"}
+def _split_checks(path: Path, data: dict) -> None:
+    from tools.splits import REGISTRY
+
+    if "split" not in data:
+        if "decoding" in data:
+            raise EntryError(path, "$.decoding", "greedy decoding belongs to a split speech entry: declare $.split")
+        return
+    split = REGISTRY[data["split"]["name"]]
+    source = data["source"].get("class") or data["source"].get("model")
+    if source not in split.applies_to:
+        raise EntryError(path, "$.split.name", f"split {split.name!r} cuts {list(split.applies_to)}, not {source}")
+    if split.name == "whisper_kv_cache" and "max_tokens" not in data["split"]:
+        raise EntryError(path, "$.split.max_tokens", "the decoder step's static length is required, e.g. 64")
+    decoding = data["decoding"]
+    if len(decoding["prompt"]) >= data["split"].get("max_tokens", 448):
+        raise EntryError(path, "$.decoding.prompt", "the prompt must leave room for tokens: shorten it or raise max_tokens")
+    if decoding["tokenizer"]["sha256"] is None and "unpinned_reason" not in decoding["tokenizer"]:
+        raise EntryError(path, "$.decoding.tokenizer.unpinned_reason", "sha256 is null: say why, or pin it")
+
+
+CALIBRATION_FIELD = {"photos": "samples", "files": "glob", "npy": "path", "speech": "sentences"}
 
 
 def _quantization_checks(path: Path, data: dict) -> None:
@@ -166,6 +206,10 @@ def _quantization_checks(path: Path, data: dict) -> None:
     if CALIBRATION_FIELD[kind] not in quant["calibration"]:
         raise EntryError(path, f"$.quantization.calibration.{CALIBRATION_FIELD[kind]}",
                          f"calibration kind {kind!r} needs {CALIBRATION_FIELD[kind]!r}")
+    speech = any(spec["preprocess"]["kind"] == "log_mel" for spec in data["inputs"])
+    if speech != (kind == "speech"):
+        raise EntryError(path, "$.quantization.calibration.kind",
+                         "speech inputs calibrate on kind 'speech', image inputs on photos, files or npy")
     if kind == "npy" and len(data["inputs"]) != 1:
         raise EntryError(path, "$.quantization.calibration.kind", "kind 'npy' holds one array: it needs a model with a single input")
     fidelity = quant["fidelity"]

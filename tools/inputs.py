@@ -1,4 +1,4 @@
-"""Real inputs for validation: photographs, preprocessed exactly as the entry's `inputs` section declares."""
+"""Real inputs for validation: photographs or espeak-ng speech, preprocessed exactly as the entry's `inputs` declare."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,8 +50,28 @@ def preprocess_image(image: np.ndarray, spec: dict) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None, :channels]).astype(np.float32)
 
 
+def spoken(entry: Entry, sentences: list[str]) -> list[np.ndarray]:
+    """16 kHz float audio of each sentence, spoken by espeak-ng with the entry's validation voice and rate."""
+    import tempfile
+
+    from tools.speech import speak
+
+    validation = entry.data["validation"]
+    with tempfile.TemporaryDirectory() as tmp:
+        return [speak(text, Path(tmp) / f"{i}.wav", validation.get("voice", "en-us"), validation.get("words_per_minute", 150))
+                for i, text in enumerate(sentences)]
+
+
+def speech_features(entry: Entry, audio: np.ndarray) -> dict[str, np.ndarray]:
+    from tools.logmel import log_mel
+
+    return {spec["name"]: log_mel(audio, spec["preprocess"].get("n_mels", 80))[None] for spec in entry.data["inputs"]}
+
+
 def validation_samples(entry: Entry) -> list[dict[str, np.ndarray]]:
-    """One dict of named model inputs per declared validation sample."""
+    """One dict of named model inputs per declared validation sample (photograph or spoken sentence)."""
+    if "sentences" in entry.data["validation"]:
+        return [speech_features(entry, audio) for audio in spoken(entry, entry.data["validation"]["sentences"])]
     samples = []
     for ref in entry.data["validation"]["samples"]:
         image = read_image(entry, ref)

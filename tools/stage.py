@@ -1,4 +1,6 @@
-"""Run one build stage in its own process: `python -m tools.stage STAGE ENTRY.json BUILD_DIR`.
+"""Run one build stage in its own process: `python -m tools.stage STAGE ENTRY.json BUILD_DIR [GRAPH]`.
+
+GRAPH names one graph of a split entry; BUILD_DIR is then that graph's folder.
 
 A process per stage gives each stage its own peak-memory figure and keeps torch, TensorFlow and ONNX
 Runtime from sharing one address space. Known failures print one line naming the entry and the fix.
@@ -25,7 +27,7 @@ def main(argv: list[str]) -> int:
     from tools.versions import STAGE_TOOLS, tool_versions
     from tools.weights import WeightsUnavailable
 
-    name, entry_path, build_dir = argv
+    name, entry_path, build_dir, *graph = argv
     stage = STAGES[name]
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -34,13 +36,14 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     try:
         entry = load_entry(entry_path)
+        entry = entry.for_graph(graph[0]) if graph else entry
         record = stage.run(entry, build_dir)
     except (EntryError, WeightsUnavailable, StageError) as exc:
         print(f"error: {name}: {exc}", file=sys.stderr)
         return 1
     if record is None:  # the stage wrote its own record (card)
         return 0
-    record = {"stage": name, "entry": entry.id, **record,
+    record = {"stage": name, "entry": entry.id, **({"graph": entry.graph} if entry.graph else {}), **record,
               "wall_s": round(time.perf_counter() - start, 2), "peak_rss_mib": _peak_rss_mib(),
               "tools": tool_versions(name) if name in STAGE_TOOLS else {},
               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

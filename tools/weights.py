@@ -99,9 +99,9 @@ def _resolve_package(spec: dict) -> Path:
     return path
 
 
-def resolve(entry: Entry) -> Path:
-    """The local file holding the entry's weights."""
-    spec = entry.data["weights"]
+def resolve(entry: Entry, spec: dict | None = None) -> Path:
+    """The local file holding the entry's weights (or the file another section declares the same way)."""
+    spec = spec or entry.data["weights"]
     kind = spec["kind"]
     resolvers = {"hub": lambda: _resolve_hub(spec), "url": lambda: _resolve_url(entry, spec),
                  "local": lambda: _resolve_local(spec), "package": lambda: _resolve_package(spec)}
@@ -188,3 +188,20 @@ def _load_checked(module, state: dict) -> tuple[list[str], list[str]]:
     loaded_ptrs = {params[k].data_ptr() for k in state if k in params}
     missing = [k for k in result.missing_keys if params[k].data_ptr() not in loaded_ptrs]
     return missing, list(result.unexpected_keys)
+
+
+def tokenizer_file(entry: Entry) -> Path | None:
+    """The split entry's tokenizer.json, sha256-checked; None only when it is missing and random weights were
+    opted in (transcripts are then token ids)."""
+    spec = entry.data["decoding"]["tokenizer"]
+    try:
+        path = resolve(entry, spec)
+    except WeightsUnavailable as exc:
+        if random_weights_requested():
+            return None
+        raise WeightsUnavailable(f"entry {entry.id!r}: tokenizer unavailable: {exc}") from None
+    actual = sha256_of(path)
+    if spec["sha256"] is not None and actual != spec["sha256"]:
+        raise EntryError(entry.path, "$.decoding.tokenizer.sha256",
+                         f"{path} has sha256 {actual}, the entry pins {spec['sha256']}: wrong or corrupted file")
+    return path

@@ -25,9 +25,19 @@ class Stage:
     int8_only: bool = False     # runs only for entries with quantization enabled
     needs_int8: tuple[str, ...] = ()  # files it also reads when the entry has INT8 variants
     after: tuple[str, ...] = ()  # stages that must have succeeded first, though it reads none of their files
+    per_graph: bool = False      # runs once per graph of a split entry, in build/<id>/<graph>/
+    split_only: bool = False     # runs only for split entries (several graphs)
 
     def applies_to(self, entry) -> bool:
+        if self.split_only and not entry.graphs:
+            return False
         return not self.int8_only or int8_enabled(entry)
+
+    def targets(self, entry) -> list:
+        """(graph or None, entry view) pairs this stage runs for: each graph of a split entry, or the entry."""
+        if self.per_graph and entry.graphs:
+            return [(g, entry.for_graph(g)) for g in entry.graphs]
+        return [(None, entry)]
 
     def needs_for(self, entry) -> list[str]:
         return _expand(self.needs + (self.needs_int8 if int8_enabled(entry) else ()), entry)
@@ -58,40 +68,62 @@ def variant_files(entry) -> list[str]:
 
 
 def _expand(names: tuple[str, ...], entry) -> list[str]:
+    """File names for this entry: 'model_{variant}.tflite' is one per INT8 variant; '{graph}/' is each graph's
+    folder of a split entry (nothing for a single-graph entry); '{split}' marks a file only split entries have. Duplicates are dropped, order kept."""
     out = []
     for name in names:
-        out += variant_files(entry) if name == "model_{variant}.tflite" else [name]
+        if name.startswith("{split}"):  # a file only split entries have
+            if not entry.graphs:
+                continue
+            name = name.removeprefix("{split}")
+        if name.startswith("{graph}/"):
+            base = name.removeprefix("{graph}/")
+            if entry.graphs and entry.graph is None:
+                out += [f"{g}/{f}" for g in entry.graphs for f in _expand((base,), entry.for_graph(g))]
+                continue
+            name = base
+        for file in variant_files(entry) if name == "model_{variant}.tflite" else [name]:
+            if file not in out:
+                out.append(file)
     return out
 
 
 ALL_SECTIONS = ("id", "title", "task", "notes", "source", "weights", "inputs", "outputs", "validation", "export",
-                "quantization", "tolerances", "bench", "license")
+                "split", "decoding", "quantization", "tolerances", "bench", "license")
 
 STAGES = {s.name: s for s in [
-    Stage("export", "torch -> ONNX (pinned opset, static shapes) and the torch reference outputs",
-          ("source", "weights", "inputs", "outputs", "validation", "export.opset", "export.patches"),
-          (), ("model.onnx", "reference.npz", "export.json"), env=("ZOO_WEIGHTS",),
-          code=("tools/sources.py", "tools/weights.py", "tools/keymaps.py", "tools/inputs.py", "tools/patches/*.py")),
+    Stage("export", "torch -> ONNX (pinned opset, static shapes) and the torch reference outputs (every graph of a split)",
+          ("source", "weights", "inputs", "outputs", "validation", "export.opset", "export.patches", "split", "decoding"),
+          (), ("{graph}/model.onnx", "{graph}/reference.npz", "{graph}/export.json", "{split}tokenizer.json", "export.json"),
+          env=("ZOO_WEIGHTS",),
+          code=("tools/sources.py", "tools/weights.py", "tools/keymaps.py", "tools/inputs.py", "tools/speech.py",
+                "tools/logmel.py", "tools/patches/*.py", "tools/splits/*.py", "tools/whisper_runtime.py")),
     Stage("simplify", "onnxsim, with its own check, then the entry's ONNX-graph patches", ("export.patches",),
-          ("model.onnx",), ("model_sim.onnx", "simplify.json"), code=("tools/patches/*.py",)),
+          ("model.onnx",), ("model_sim.onnx", "simplify.json"), code=("tools/patches/*.py",), per_graph=True),
     Stage("convert", "onnx2tf -> fp32 .tflite with NHWC inputs, builtin ops only", ("export.converter",),
-          ("model_sim.onnx",), ("model_fp32.tflite", "convert.json"), code=("tools/tflite_graph.py",)),
+          ("model_sim.onnx",), ("model_fp32.tflite", "convert.json"), code=("tools/tflite_graph.py",), per_graph=True),
     Stage("validate", "every graph against torch on real inputs, within the entry's tolerances", ("tolerances",),
           ("reference.npz", "model.onnx", "model_sim.onnx", "model_fp32.tflite", "export.json", "simplify.json",
-           "convert.json"), ("validation.json",)),
+           "convert.json"), ("validation.json",), per_graph=True),
     Stage("quantize", "INT8 variants of the fp32 .tflite, calibrated on real data kept apart from validation",
           ("inputs", "validation", "quantization.variants", "quantization.keep_float", "quantization.calibration"),
           ("model_fp32.tflite",), ("model_{variant}.tflite", "quantize.json"), int8_only=True, after=("validate",),
-          code=("tools/calibration.py", "tools/inputs.py", "tools/tflite_graph.py")),
+          code=("tools/calibration.py", "tools/inputs.py", "tools/tflite_graph.py"), per_graph=True),
     Stage("fidelity", "INT8 vs fp32 TFLite on the validation inputs: SQNR, cosine, task agreement, worst layers",
           ("outputs", "validation", "quantization.variants", "quantization.fidelity"),
           ("reference.npz", "model_fp32.tflite", "model_{variant}.tflite", "quantize.json"), ("fidelity.json",),
-          int8_only=True, code=("tools/metrics.py", "tools/stages/validate.py")),
+          int8_only=True, code=("tools/metrics.py", "tools/stages/validate.py"), per_graph=True),
     Stage("npu", "VX-delegate placement of every .tflite: ops and MACs on the NPU, partitions, every fallback and why",
           (), ("model_fp32.tflite", "model_{variant}.tflite"), ("npu.json",),
-          code=("tools/npu.py", "tools/data/vx_delegate_rules.json", "tools/tflite_graph.py")),
+          code=("tools/npu.py", "tools/data/vx_delegate_rules.json", "tools/tflite_graph.py"), per_graph=True),
+    Stage("speech", "whole-utterance transcripts from the ONNX and fp32 TFLite graphs against torch's: equal ids, word "
+          "error rates, real-time factors", ("validation", "decoding", "split"),
+          ("export.json", "{graph}/model.onnx", "{graph}/model_fp32.tflite", "{graph}/validation.json"), ("speech.json",),
+          split_only=True, code=("tools/whisper_runtime.py", "tools/inputs.py", "tools/speech.py", "tools/logmel.py",
+                                 "tools/stages/validate.py")),
     Stage("card", "card.json (schema-checked) and card.md from the stage records", ALL_SECTIONS,
-          ("export.json", "simplify.json", "convert.json", "validation.json", "model.onnx", "model_sim.onnx",
-           "model_fp32.tflite", "npu.json"), ("card.md", "card.json"), code=("tools/provenance.py",),
-          needs_int8=("quantize.json", "fidelity.json", "model_{variant}.tflite")),
+          ("export.json", "{graph}/export.json", "{graph}/simplify.json", "{graph}/convert.json",
+           "{graph}/validation.json", "{graph}/model.onnx", "{graph}/model_sim.onnx", "{graph}/model_fp32.tflite",
+           "{graph}/npu.json", "{split}speech.json"), ("card.md", "card.json"), code=("tools/provenance.py",),
+          needs_int8=("{graph}/quantize.json", "{graph}/fidelity.json", "{graph}/model_{variant}.tflite")),
 ]}

@@ -29,13 +29,32 @@ def _records(build_dir: Path, names: tuple) -> dict:
     return {name: json.loads((build_dir / f"{name}.json").read_text()) for name in names}
 
 
-def build_card(entry: Entry, build_dir: Path) -> dict:
+def _graph_section(entry: Entry, folder: Path, prefix: str = "") -> dict:
+    """Artifacts, export, conversion, validation, NPU placement, INT8 and stage costs of one graph's folder."""
     stages = ("export", "simplify", "convert", "validation") + (("quantize", "fidelity") if int8_enabled(entry) else ()) + ("npu",)
-    rec = _records(build_dir, stages)
-    tools: dict[str, str] = {}
-    for name in stages:
-        tools.update(rec[name]["tools"])
-    weights = rec["export"]["weights"]
+    rec = _records(folder, stages)
+    section = {
+        "artifacts": [{"path": prefix + name, "sha256": sha256_of(folder / name), "bytes": (folder / name).stat().st_size}
+                      for name in ARTIFACTS + tuple(variant_files(entry))],
+        "export": {k: rec["export"][k] for k in ("opset", "exporter", "patches", "inputs", "outputs", "onnx_nodes", "parameters")
+                   if k in rec["export"]},
+        "conversion": {k: rec["convert"][k] for k in ("converter", "flags", "ops", "op_count")},
+        "validation": {k: rec["validation"][k] for k in ("passed", "samples", "stages")},
+        "stages": {name: {"wall_s": rec[name]["wall_s"], "peak_rss_mib": rec[name]["peak_rss_mib"]}
+                   for name in stages if name != "export"},
+        "npu": {k: rec["npu"][k] for k in ("rules_source", "default_bsp", "graphs")},
+        "tools": {k: v for name in stages for k, v in rec[name].get("tools", {}).items()},
+    }
+    if int8_enabled(entry):
+        section["quantization"] = {k: rec["quantize"][k] for k in ("quantizer", "activations", "calibration", "keep_float", "variants")}
+        section["fidelity"] = {k: rec["fidelity"][k] for k in ("passed", "samples", "thresholds", "variants", "known_failure")
+                               if k in rec["fidelity"]}
+    return section
+
+
+def build_card(entry: Entry, build_dir: Path) -> dict:
+    exported = json.loads((build_dir / "export.json").read_text())
+    weights = exported["weights"]
     card = {
         "card_version": 1,
         "id": entry.id,
@@ -47,22 +66,24 @@ def build_card(entry: Entry, build_dir: Path) -> dict:
         "source": entry.data["source"],
         "weights": weights,
         "license": entry.data["license"],
-        "artifacts": [{"path": name, "sha256": sha256_of(build_dir / name), "bytes": (build_dir / name).stat().st_size}
-                      for name in ARTIFACTS + tuple(variant_files(entry))],
-        "export": {k: rec["export"][k] for k in ("opset", "exporter", "patches", "inputs", "outputs", "onnx_nodes", "parameters")},
-        "conversion": {k: rec["convert"][k] for k in ("converter", "flags", "ops", "op_count")},
-        "validation": {k: rec["validation"][k] for k in ("passed", "samples", "stages")},
-        "stages": {name: {"wall_s": rec[name]["wall_s"], "peak_rss_mib": rec[name]["peak_rss_mib"]}
-                   for name in stages},
-        "tools": tools,
         "provenance": provenance(entry),
         "warnings": [RANDOM_WARNING] if weights["kind"] == "random" else [],
     }
-    card["npu"] = {k: rec["npu"][k] for k in ("rules_source", "default_bsp", "graphs")}
-    if int8_enabled(entry):
-        card["quantization"] = {k: rec["quantize"][k] for k in ("quantizer", "activations", "calibration", "keep_float", "variants")}
-        card["fidelity"] = {k: rec["fidelity"][k] for k in ("passed", "samples", "thresholds", "variants", "known_failure")
-                            if k in rec["fidelity"]}
+    export_cost = {"export": {"wall_s": exported["wall_s"], "peak_rss_mib": exported["peak_rss_mib"]}}
+    if not entry.graphs:
+        section = _graph_section(entry, build_dir)
+        tools = {**exported["tools"], **section.pop("tools")}
+        section["stages"] = {**export_cost, **section["stages"]}
+        card.update(section, tools=tools)
+    else:
+        graphs = {g: _graph_section(entry.for_graph(g), build_dir / g, f"{g}/") for g in entry.graphs}
+        speech_record = json.loads((build_dir / "speech.json").read_text())
+        card["tools"] = {**exported["tools"], **{k: v for g in graphs.values() for k, v in g.pop("tools").items()}}
+        card["artifacts"] = [a for g in graphs.values() for a in g["artifacts"]]
+        card["split"] = exported["split"]
+        card["graphs"] = graphs
+        card["speech"] = {k: speech_record[k] for k in ("passed", "sentences", "audio_s", "trained_weights", "backends")}
+        card["stages"] = {**export_cost, "speech": {k: speech_record[k] for k in ("wall_s", "peak_rss_mib")}}
     jsonschema.Draft202012Validator(json.loads(CARD_SCHEMA.read_text())).validate(card)
     return card
 
@@ -83,31 +104,18 @@ def render_markdown(card: dict) -> str:
               f"- sha256 loaded: `{w.get('sha256_loaded', 'none (random weights)')}`",
               f"- License: code {card['license']['code']}, weights {card['license']['weights']}"
               + ("" if card["license"].get("weights_commercial_use", True) else " (**non-commercial weights**)"), ""]
-    exp = card["export"]
-    lines += ["## Export", "", f"- ONNX opset {exp['opset']}, {exp['exporter']}; {exp['onnx_nodes']} nodes; "
-              f"{exp['parameters']:,} parameters",
-              f"- Inputs: " + ", ".join(f"`{k}` {v}" for k, v in exp["inputs"].items()),
-              f"- Outputs: " + ", ".join(f"`{k}` {v}" for k, v in exp["outputs"].items()),
-              "- Export patches: " + (", ".join(f"`{p['name']}` ({p['summary']})" for p in exp["patches"]) or "none"), ""]
-    conv = card["conversion"]
-    top = sorted(conv["ops"].items(), key=lambda kv: -kv[1])[:12]
-    lines += ["## TFLite fp32 graph", "", f"- {conv['converter']}, {conv['op_count']} ops: "
-              + ", ".join(f"{k} {v}" for k, v in top), ""]
-    val = card["validation"]
-    lines += ["## Validation against torch", "",
-              f"Real inputs: {', '.join(val['samples'])}. Overall: **{'passed' if val['passed'] else 'FAILED'}**.", "",
-              "| stage | output | max abs | max rel | atol | rtol | passed |", "|---|---|---|---|---|---|---|"]
-    for stage, res in val["stages"].items():
-        for name, o in res["outputs"].items():
-            lines.append(f"| {stage} | {name} | {o['max_abs']:.3g} | {o['max_rel']:.3g} | {res['tolerance']['atol']:g} "
-                         f"| {res['tolerance']['rtol']:g} | {'yes' if o['passed'] else 'NO'} |")
-    if "quantization" in card:
-        lines += _int8_markdown(card["quantization"], card["fidelity"])
-    lines += _npu_markdown(card["npu"])
+    if "graphs" in card:
+        lines += _speech_markdown(card)
+        for name, section in card["graphs"].items():
+            lines += [f"## Graph `{name}`", ""] + _graph_markdown(section, "###")
+    else:
+        lines += _graph_markdown(card, "##")
     lines += ["", "## Artifacts", "", "| file | bytes | sha256 |", "|---|---|---|"]
     lines += [f"| {a['path']} | {a['bytes']:,} | `{a['sha256']}` |" for a in card["artifacts"]]
     lines += ["", "## Build (measured in this build, on the host above)", "", "| stage | wall s | peak RSS MiB |", "|---|---|---|"]
     lines += [f"| {k} | {v['wall_s']} | {v['peak_rss_mib']} |" for k, v in card["stages"].items()]
+    lines += [f"| {g} {k} | {v['wall_s']} | {v['peak_rss_mib']} |"
+              for g, section in card.get("graphs", {}).items() for k, v in section["stages"].items()]
     lines += ["", "## Tool versions", "", ", ".join(f"{k} {v}" for k, v in sorted(card["tools"].items())), ""]
     prov = card["provenance"]
     commit = prov["git_commit"] or "not in a git checkout"
@@ -116,8 +124,50 @@ def render_markdown(card: dict) -> str:
     return "\n".join(lines)
 
 
-def _npu_markdown(npu: dict) -> list[str]:
-    lines = ["", "## NPU placement (VX delegate rules, static analysis: not measured on a board)", "",
+def _graph_markdown(section: dict, h: str) -> list[str]:
+    """Export, conversion, validation, INT8 and NPU placement of one graph, under headings of level `h`."""
+    exp = section["export"]
+    lines = [f"{h} Export", "", f"- ONNX opset {exp.get('opset', '')}, {exp.get('exporter', 'torch.onnx.export')}; "
+             f"{exp['onnx_nodes']} nodes; {exp['parameters']:,} parameters",
+             "- Inputs: " + ", ".join(f"`{k}` {v}" for k, v in exp["inputs"].items()),
+             "- Outputs: " + ", ".join(f"`{k}` {v}" for k, v in exp["outputs"].items()),
+             "- Export patches: " + (", ".join(f"`{p['name']}` ({p['summary']})" for p in exp.get("patches", [])) or "none"), ""]
+    conv = section["conversion"]
+    top = sorted(conv["ops"].items(), key=lambda kv: -kv[1])[:12]
+    lines += [f"{h} TFLite fp32 graph", "", f"- {conv['converter']}, {conv['op_count']} ops: "
+              + ", ".join(f"{k} {v}" for k, v in top), ""]
+    val = section["validation"]
+    lines += [f"{h} Validation against torch", "",
+              f"Real inputs: {', '.join(map(str, val['samples']))}. Overall: **{'passed' if val['passed'] else 'FAILED'}**.", "",
+              "| stage | output | max abs | max rel | atol | rtol | passed |", "|---|---|---|---|---|---|---|"]
+    for stage, res in val["stages"].items():
+        for name, o in res["outputs"].items():
+            lines.append(f"| {stage} | {name} | {o['max_abs']:.3g} | {o['max_rel']:.3g} | {res['tolerance']['atol']:g} "
+                         f"| {res['tolerance']['rtol']:g} | {'yes' if o['passed'] else 'NO'} |")
+    if "quantization" in section:
+        lines += _int8_markdown(section["quantization"], section["fidelity"], h)
+    lines += _npu_markdown(section["npu"], h) + [""]
+    return lines
+
+
+def _speech_markdown(card: dict) -> list[str]:
+    sp = card["speech"]
+    random_note = "" if sp["trained_weights"] else " (random weights: the words mean nothing; only agreement counts)"
+    lines = ["## Transcripts (whole utterances, greedy, measured on the host above)", "",
+             f"{len(sp['sentences'])} sentences spoken by espeak-ng, {sp['audio_s']} s of audio{random_note}. "
+             f"Every backend's token ids equal torch's: **{'yes' if sp['passed'] else 'NO'}**.", "",
+             "| backend | WER vs spoken | encoder ms | cross K/V ms | decoder step ms | real-time factor |", "|---|---|---|---|---|---|"]
+    for name, b in sp["backends"].items():
+        lines.append(f"| {name}: {b['runs']} | {b['wer_vs_spoken']} | {b['encoder_ms']} | {b['cross_kv_ms']} | "
+                     f"{b['decoder_step_ms']} | {b['real_time_factor']} |")
+    lines += ["", "| sentence spoken | fp32 TFLite transcript |", "|---|---|"]
+    lines += [f"| {s} | {t} |" for s, t in zip(sp["sentences"], sp["backends"]["fp32"]["transcripts"])]
+    split = card["split"]
+    return lines + ["", f"Split `{split['name']}`: {split['summary']}.", ""]
+
+
+def _npu_markdown(npu: dict, h: str) -> list[str]:
+    lines = ["", f"{h} NPU placement (VX delegate rules, static analysis: not measured on a board)", "",
              f"Rules: {npu['rules_source']}.", "",
              "| graph | BSP | ops on NPU | MACs on NPU | partitions | tensors crossing NPU/CPU |", "|---|---|---|---|---|---|"]
     for graph, by_bsp in npu["graphs"].items():
@@ -133,9 +183,9 @@ def _npu_markdown(npu: dict) -> list[str]:
     return lines
 
 
-def _int8_markdown(quant: dict, fid: dict) -> list[str]:
+def _int8_markdown(quant: dict, fid: dict, h: str) -> list[str]:
     cal = quant["calibration"]
-    lines = ["", "## INT8 (full-integer, int8 activations) against fp32 TFLite", "",
+    lines = ["", f"{h} INT8 (full-integer, int8 activations) against fp32 TFLite", "",
              f"Calibration: {cal['count']} samples from {', '.join(s['ref'] for s in cal['sources'])} "
              f"(content sha256 `{cal['sha256'][:16]}`), none of them a validation sample. "
              f"Fidelity gate: **{'passed' if fid['passed'] else 'FAILED'}**"

@@ -73,6 +73,8 @@ def convert(entry: Entry, build_dir: Path) -> dict:
     from tools.stages import StageError
 
     flags = {**DEFAULT_FLAGS, **entry.data["export"].get("converter", {}).get("onnx2tf", {})}
+    if "replace_to_pseudo_operators" in flags:  # onnx2tf's CLI lower-cases these names; its Python API silently does not
+        flags["replace_to_pseudo_operators"] = [name.lower() for name in flags["replace_to_pseudo_operators"]]
     source = (build_dir / "model_sim.onnx").resolve()
     with tempfile.TemporaryDirectory(dir=build_dir, prefix=".onnx2tf-") as work:
         work = Path(work).resolve()  # onnx2tf runs inside it: a relative path would point elsewhere there

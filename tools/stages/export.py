@@ -16,7 +16,10 @@ from tools.entry import Entry, EntryError
 from tools.inputs import validation_samples
 from tools.patches import REGISTRY, apply_patches
 from tools.sources import build_module, forward_arguments
-from tools.weights import load_into
+from tools.weights import load_into, sha256_of
+
+
+EXPORTER = "torch.onnx.export (TorchScript, dynamo=False)"
 
 
 class GraphInterface(torch.nn.Module):
@@ -53,6 +56,8 @@ def export(entry: Entry, build_dir: Path) -> dict:
             raise EntryError(entry.path, f"$.inputs[{i}].name",
                              f"{type(module).__name__}.forward takes no argument {name!r}; it takes {accepted}")
     weights = load_into(entry, module)
+    if entry.graphs:
+        return _export_split(entry, build_dir, module, weights)
     patch_names = entry.data["export"].get("patches", [])
     try:
         patched = apply_patches(module, patch_names)
@@ -70,25 +75,88 @@ def export(entry: Entry, build_dir: Path) -> dict:
                 reference[f"{i}/input/{name}"] = sample[name]
             for name, value in zip(output_names, outs):
                 reference[f"{i}/output/{name}"] = value.numpy().astype(np.float32)
-        example = tuple(torch.from_numpy(samples[0][n]) for n in input_names)
-        onnx_path = build_dir / "model.onnx"
-        with atomic_path(onnx_path) as tmp:
-            torch.onnx.export(graph, example, str(tmp), opset_version=entry.data["export"]["opset"],
-                              input_names=input_names, output_names=output_names, dynamo=False,
-                              do_constant_folding=True)
-            model = onnx.load(str(tmp))
-            onnx.checker.check_model(model)
-    with atomic_path(build_dir / "reference.npz") as tmp:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, **reference)
+        model = _write_onnx(graph, tuple(torch.from_numpy(samples[0][n]) for n in input_names), input_names,
+                            output_names, entry, build_dir)
+    _write_reference(reference, build_dir)
     return {
         "weights": weights,
         "patches": [{"name": n, "summary": REGISTRY[n].summary, "graph": REGISTRY[n].graph} for n in patch_names],
         "opset": entry.data["export"]["opset"],
-        "exporter": "torch.onnx.export (TorchScript, dynamo=False)",
+        "exporter": EXPORTER,
         "inputs": {spec["name"]: spec["shape"] for spec in entry.data["inputs"]},
         "outputs": {n: list(reference[f"0/output/{n}"].shape) for n in output_names},
         "samples": entry.data["validation"]["samples"],
         "onnx_nodes": len(model.graph.node),
+        "parameters": int(sum(p.numel() for p in module.parameters())),
+    }
+
+
+def _write_onnx(graph, example: tuple, input_names: list, output_names: list, entry: Entry, build_dir: Path):
+    with atomic_path(build_dir / "model.onnx") as tmp:
+        torch.onnx.export(graph, example, str(tmp), opset_version=entry.data["export"]["opset"],
+                          input_names=input_names, output_names=output_names, dynamo=False, do_constant_folding=True)
+        model = onnx.load(str(tmp))
+        onnx.checker.check_model(model)
+    return model
+
+
+def _write_reference(reference: dict, build_dir: Path) -> None:
+    with atomic_path(build_dir / "reference.npz") as tmp:
+        with open(tmp, "wb") as handle:
+            np.savez(handle, **reference)
+
+
+def _export_split(entry: Entry, build_dir: Path, module, weights: dict) -> dict:
+    """Every graph of a split entry into build/<id>/<graph>/, with inputs taken from a torch run of the whole
+    model on the validation data (later graphs are fed what the earlier ones computed)."""
+    from tools.atomic import write_json
+    from tools.splits import REGISTRY as SPLITS
+
+    from dataclasses import asdict
+
+    from tools.weights import tokenizer_file
+    from tools.whisper_runtime import settings_of
+
+    split = SPLITS[entry.data["split"]["name"]]
+    tokenizer = tokenizer_file(entry)
+    family = split.load()
+    modules = family.graphs(module)
+    feeds, decoded, timings = family.reference_run(modules, validation_samples(entry), entry)
+    graphs = {}
+    for name in split.graphs:
+        input_names, output_names = family.GRAPH_IO[name]
+        folder = build_dir / name
+        folder.mkdir(exist_ok=True)
+        reference = {}
+        with torch.no_grad():
+            for i, (_, inputs) in enumerate(feeds[name]):
+                outs = modules[name](*[torch.from_numpy(inputs[n]) for n in input_names])
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                reference.update({f"{i}/input/{n}": inputs[n] for n in input_names})
+                reference.update({f"{i}/output/{n}": v.numpy().astype(np.float32) for n, v in zip(output_names, outs)})
+            example = tuple(torch.from_numpy(feeds[name][0][1][n]) for n in input_names)
+            model = _write_onnx(modules[name], example, input_names, output_names, entry, folder)
+        _write_reference(reference, folder)
+        graphs[name] = {
+            "opset": entry.data["export"]["opset"], "exporter": EXPORTER, "patches": [],
+            "inputs": {n: list(reference[f"0/input/{n}"].shape) for n in input_names},
+            "input_dtypes": {n: str(reference[f"0/input/{n}"].dtype) for n in input_names},
+            "outputs": {n: list(reference[f"0/output/{n}"].shape) for n in output_names},
+            "samples": [label for label, _ in feeds[name]],
+            "onnx_nodes": len(model.graph.node),
+            "parameters": int(sum(p.numel() for p in modules[name].parameters())),
+        }
+        write_json(folder / "export.json", {"stage": "export", "entry": entry.id, "graph": name, **graphs[name]})
+    if tokenizer is not None:
+        with atomic_path(build_dir / "tokenizer.json") as tmp:
+            tmp.write_bytes(tokenizer.read_bytes())
+    return {
+        "weights": weights,
+        "split": {"name": split.name, "summary": split.summary, **entry.data["split"]},
+        "graphs": graphs,
+        "samples": entry.data["validation"]["sentences"],
+        "decoding": asdict(settings_of(entry)),
+        "tokenizer": {"declared": entry.data["decoding"]["tokenizer"], "sha256_loaded": tokenizer and sha256_of(tokenizer)},
+        "torch": {"decoded": decoded, "timings": timings},
         "parameters": int(sum(p.numel() for p in module.parameters())),
     }

@@ -1,0 +1,170 @@
+"""Whisper inference over the split graphs with numpy alone: tokens to text, and greedy decoding.
+
+The same loop drives every backend (torch at export, ONNX Runtime and LiteRT later), so that a transcript
+difference between them comes from the graphs, never from the loop. Decoding is greedy without timestamps:
+the prompt is <|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>; the checkpoint's suppressed
+tokens are never chosen, nor blank or end of text as the first token, nor any special token but the end (in Whisper's
+vocabularies every special token comes after end of text).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+MASKED = -1e4  # tools.splits.whisper.MASKED: the additive bias of a cache slot not yet filled
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters, which byte-level BPE vocabularies are written in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The decode half of a Hugging Face byte-level BPE tokenizer.json: ids -> text."""
+
+    tokens: dict[int, str]
+    special: dict[str, int]
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> "Tokenizer":
+        data = json.loads(Path(path).read_text())
+        tokens = {int(i): t for t, i in data["model"]["vocab"].items()}
+        special = {a["content"]: int(a["id"]) for a in data["added_tokens"]}
+        tokens.update({i: t for t, i in special.items()})
+        return cls(tokens, special)
+
+    def decode(self, ids: list[int]) -> str:
+        byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+        specials = set(self.special.values())
+        data = bytearray(byte_of[c] for i in ids if i not in specials for c in self.tokens.get(i, ""))
+        return data.decode("utf-8", errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What greedy decoding needs to know of the checkpoint."""
+
+    prompt: list[int]
+    end: int
+    max_tokens: int
+    suppress: list[int] = field(default_factory=list)
+    suppress_first: list[int] = field(default_factory=list)
+
+
+# One decoder step: (input_ids int32 [1,1], position_ids int32 [1,1], attention_bias [1,M], self_kv, cross_kv)
+# -> (logits [1, vocab], self_kv)
+StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple]
+
+
+def step_inputs(token: int, position: int, max_tokens: int, self_kv: np.ndarray, cross_kv: np.ndarray) -> dict:
+    """The decoder step's named inputs at `position`: the new token fills the last of max_tokens slots."""
+    bias = np.full((1, max_tokens), MASKED, dtype=np.float32)
+    bias[0, max_tokens - 1 - position:] = 0
+    return {"input_ids": np.array([[token]], dtype=np.int32), "position_ids": np.array([[position]], dtype=np.int32),
+            "attention_bias": bias, "self_kv": self_kv, "cross_kv": cross_kv}
+
+
+def greedy_decode(step: Callable[[dict], tuple], cross_kv: np.ndarray, self_kv_shape: tuple,
+                  settings: DecodeSettings, on_step: Callable[[int, dict], None] | None = None) -> list[int]:
+    """Token ids after the prompt, up to the end token or max_tokens in all. `step` maps the named inputs to
+    (logits, self_kv); `on_step(position, inputs)` sees every step's inputs (to keep validation samples)."""
+    tokens = list(settings.prompt)
+    self_kv = np.zeros(self_kv_shape, dtype=np.float32)
+    for position in range(settings.max_tokens):
+        inputs = step_inputs(tokens[position], position, settings.max_tokens, self_kv, cross_kv)
+        if on_step is not None:
+            on_step(position, inputs)
+        logits, self_kv = step(inputs)
+        if position < len(settings.prompt) - 1:
+            continue  # still reading the prompt
+        scores = np.array(logits, dtype=np.float32).reshape(-1)
+        scores[settings.suppress] = -np.inf
+        if position == len(settings.prompt) - 1:
+            scores[settings.suppress_first] = -np.inf
+        scores[settings.end + 1:] = -np.inf  # Whisper's special tokens (languages, tasks, timestamps) follow the end
+        chosen = int(np.argmax(scores))
+        if chosen == settings.end or len(tokens) == settings.max_tokens:
+            break
+        tokens.append(chosen)
+    return tokens[len(settings.prompt):]
+
+
+def settings_of(entry) -> DecodeSettings:
+    decoding = entry.data["decoding"]
+    return DecodeSettings(prompt=list(decoding["prompt"]), end=decoding["end"],
+                          max_tokens=entry.data["split"]["max_tokens"], suppress=list(decoding.get("suppress", [])),
+                          suppress_first=list(decoding.get("suppress_first", [])))
+
+
+GRAPH_FILES = {"fp32": "model_fp32.tflite", "onnx": "model.onnx"}
+
+
+class WhisperGraphs:
+    """The three graphs of a built Whisper entry, run by LiteRT (or ONNX Runtime): features in, ids out.
+
+    `build_dir/export.json` says each graph's input and output shapes in torch's layout; outputs that a
+    converter laid out otherwise are brought back to it, so that the decoder's cache goes round unchanged.
+    """
+
+    def __init__(self, build_dir: Path | str, backend: str = "fp32", threads: int | None = None):
+        from tools.stages.validate import onnx_runner, tflite_runner, to_layout
+
+        build_dir = Path(build_dir)
+        record = json.loads((build_dir / "export.json").read_text())
+        self.graphs = record["graphs"]
+        self.settings = DecodeSettings(**record["decoding"])
+        make = onnx_runner if backend == "onnx" else tflite_runner
+        file = GRAPH_FILES.get(backend, f"model_{backend}.tflite")
+        self.runners = {name: make(build_dir / name / file, threads) for name in self.graphs}
+        self._to_layout = to_layout
+        tokenizer = build_dir / "tokenizer.json"
+        self.tokenizer = Tokenizer.from_file(tokenizer) if tokenizer.exists() else None
+        self.timings: dict[str, list[float]] = {"encoder": [], "cross_kv": [], "decoder_step": []}
+
+    def run(self, graph: str, inputs: dict) -> list[np.ndarray]:
+        import time
+
+        start = time.perf_counter()
+        got = self.runners[graph](inputs)
+        self.timings[graph].append(time.perf_counter() - start)
+        return [self._to_layout(np.asarray(got[name]), tuple(shape)) for name, shape in self.graphs[graph]["outputs"].items()]
+
+    def decode(self, features: np.ndarray) -> list[int]:
+        (hidden,) = self.run("encoder", {"input_features": features})
+        (cross_kv,) = self.run("cross_kv", {"encoder_hidden_states": hidden})
+        shape = tuple(self.graphs["decoder_step"]["inputs"]["self_kv"])
+        return greedy_decode(lambda inputs: self.run("decoder_step", inputs), cross_kv, shape, self.settings)
+
+    def text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer else " ".join(f"<{i}>" for i in ids)
+
+
+def normalise(text: str) -> list[str]:
+    """Words for a word error rate: lower case, punctuation dropped (apostrophes inside words kept)."""
+    import re
+
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).replace(" '", " ").split()
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(substitutions + deletions + insertions, reference words): Levenshtein distance over normalised words."""
+    ref, hyp = normalise(reference), normalise(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, word in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, other in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (word != other))
+    return row[len(hyp)], len(ref)

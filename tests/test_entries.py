@@ -14,7 +14,7 @@ ENTRIES = sorted((ROOT / "zoo").glob("*.json"))
 
 
 def test_zoo_is_not_empty():
-    assert {p.stem for p in ENTRIES} >= {"dn_detr", "deformable_detr"}
+    assert {p.stem for p in ENTRIES} >= {"dn_detr", "deformable_detr", "whisper_tiny_en"}
 
 
 @pytest.mark.parametrize("path", ENTRIES, ids=lambda p: p.stem)
@@ -26,7 +26,8 @@ def test_every_entry_validates(path):
         assert entry.data["source"]["class"] in _transformers_model_classes()
     weights = entry.data["weights"]
     assert weights["sha256"] is not None or len(weights["unpinned_reason"]) > 10
-    assert entry.data["inputs"][0]["shape"] == [1, 3, 512, 512]
+    expected = {"image": [1, 3, 512, 512], "log_mel": [1, 80, 3000]}  # full size: what the cards and benchmarks use
+    assert entry.data["inputs"][0]["shape"] == expected[entry.data["inputs"][0]["preprocess"]["kind"]]
 
 
 def _good() -> dict:
@@ -108,3 +109,35 @@ def test_discover_reports_each_bad_entry(tmp_path):
     good, bad = discover(tmp_path)
     assert [e.id for e in good] == ["dn_detr"]
     assert len(bad) == 1 and bad[0].file.endswith("a.json")
+
+
+def _speech() -> dict:
+    return json.loads((ROOT / "zoo" / "whisper_tiny_en.json").read_text())
+
+
+SPEECH_BAD = {
+    "split on another class": (lambda d: d["source"].__setitem__("class", "WhisperForAudioClassification"), "$.split.name",
+                               "cuts ['WhisperForConditionalGeneration']"),
+    "speech validated on photos": (lambda d: d.__setitem__("validation", {"samples": ["skimage:astronaut"]}), "$.validation",
+                                   "validated on 'sentences'"),
+    "log-mel bands differ from the shape": (lambda d: d["inputs"][0]["preprocess"].__setitem__("n_mels", 128), "$.inputs[0]",
+                                            "n_mels channels"),
+    "no static decoder length": (lambda d: d["split"].pop("max_tokens"), "$.split.max_tokens", "static length"),
+    "prompt fills the cache": (lambda d: d["decoding"].__setitem__("prompt", [50257] * 8) or d["split"].__setitem__("max_tokens", 8),
+                               "$.decoding.prompt", "leave room"),
+    "split without decoding": (lambda d: d.pop("decoding"), "$", "'decoding' is required"),
+    "photos to calibrate speech": (lambda d: d.__setitem__("quantization", {
+        "enabled": True, "variants": [{"name": "int8_pt", "weights": "per-tensor"}],
+        "calibration": {"kind": "photos", "samples": ["skimage:rocket"], "count": 4, "seed": 0},
+        "fidelity": {"min_sqnr_db": 10, "min_cosine": 0.9}}), "$.quantization.calibration.kind", "calibrate on kind 'speech'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPEECH_BAD))
+def test_bad_speech_entry_gets_one_clear_error(tmp_path, case):
+    mutate, json_path, fragment = SPEECH_BAD[case]
+    data = _speech()
+    mutate(data)
+    error = _error_for(tmp_path, data, "whisper_tiny_en")
+    assert error.json_path == json_path
+    assert fragment in error.message

@@ -60,6 +60,7 @@ class WhisperDecoderStepGraph(nn.Module):
         self.proj_out = model.proj_out
         self.heads = model.config.decoder_attention_heads
         self.embed_scale = self.decoder.embed_scale
+        self.register_buffer("logits_bias", torch.zeros(model.config.vocab_size), persistent=False)
 
     @staticmethod
     def _attend(attn, query, keys, values, bias=None):
@@ -86,9 +87,9 @@ class WhisperDecoderStepGraph(nn.Module):
             h = h + self._attend(layer.encoder_attn, x, cross_kv[2 * i], cross_kv[2 * i + 1])
             x = layer.final_layer_norm(h)
             h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
-        # On the 2-D hidden state, linear exports as one Gemm that reads the embedding table the Gather reads:
-        # the tied 20 M-parameter matrix is stored once, not once more transposed.
-        logits = nn.functional.linear(decoder.layer_norm(h)[:, 0], self.proj_out.weight)
+        # With a bias, linear on the 2-D hidden state exports as one Gemm(transB) that reads the embedding table
+        # the Gather reads (FULLY_CONNECTED's own layout): the tied matrix is not stored once more transposed.
+        logits = nn.functional.linear(decoder.layer_norm(h)[:, 0], self.proj_out.weight, self.logits_bias)
         return logits, torch.stack(slid)
 
 

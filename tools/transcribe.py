@@ -1,0 +1,63 @@
+"""Transcribe a WAV file with a built Whisper entry's .tflite graphs alone: no torch, no TensorFlow.
+
+    python -m tools.transcribe build/whisper_tiny_en speech.wav [--variant fp32] [--threads 2]
+
+Reads the build folder's export.json (graph shapes and decoding ids) and tokenizer.json, computes the
+log-mel features in numpy, runs the encoder, the cross K/V graph and the decoder step with LiteRT, and
+prints the text and the time each part took. The WAV must be 16-bit mono at 16 kHz (sox can convert one).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.transcribe", description=__doc__.split("\n\n")[0])
+    parser.add_argument("build_dir", type=Path, help="a built Whisper entry, e.g. build/whisper_tiny_en")
+    parser.add_argument("wav", type=Path, help="16-bit mono 16 kHz WAV, up to 30 s")
+    parser.add_argument("--variant", default="fp32", help="which .tflite of each graph: fp32 (default) or an INT8 variant")
+    parser.add_argument("--threads", type=int, default=None, help="LiteRT threads (default: all cores)")
+    args = parser.parse_args(argv)
+
+    from tools.logmel import SAMPLE_RATE, log_mel
+    from tools.speech import read_wav
+    from tools.whisper_runtime import WhisperGraphs
+
+    if not (args.build_dir / "export.json").exists():
+        print(f"error: {args.build_dir} holds no export.json: build the entry first (doit build:<id>)", file=sys.stderr)
+        return 1
+    try:
+        audio = read_wav(args.wav)
+    except (OSError, ValueError, EOFError) as exc:
+        print(f"error: {args.wav}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        graphs = WhisperGraphs(args.build_dir, args.variant, args.threads)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {args.build_dir} is not a built Whisper split entry: {exc}", file=sys.stderr)
+        return 1
+    missing = [str(args.build_dir / g / f"model_{args.variant}.tflite") for g in graphs.graphs
+               if not (args.build_dir / g / f"model_{args.variant}.tflite").exists()]
+    if missing:
+        print(f"error: missing {', '.join(missing)}", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    features = log_mel(audio, graphs.graphs["encoder"]["inputs"]["input_features"][1])[None]
+    features_s = time.perf_counter() - start
+    ids = graphs.decode(features)
+    total = time.perf_counter() - start
+    print(graphs.text(ids))
+    t = graphs.timings
+    seconds = len(audio) / SAMPLE_RATE
+    print(f"audio {seconds:.2f} s | log-mel {features_s * 1000:.1f} ms | encoder {t['encoder'][0] * 1000:.1f} ms | "
+          f"cross K/V {t['cross_kv'][0] * 1000:.1f} ms | decoder {len(t['decoder_step'])} steps, "
+          f"{sum(t['decoder_step']) * 1000:.1f} ms | total {total * 1000:.1f} ms, real-time factor {total / seconds:.3f}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -92,16 +92,46 @@ def _npy_set(entry: Entry, spec: dict) -> tuple[list, list]:
     return samples, [{"ref": f"{path.name}[{int(i)}]", "sha256": _sample_digest(s)} for i, s in zip(order, samples)]
 
 
-def calibration_set(entry: Entry) -> CalibrationSet:
-    """The entry's calibration samples, as declared in quantization.calibration."""
+def _speech_set(entry: Entry, spec: dict, build_dir: Path | None) -> tuple[list, list]:
+    """Spoken calibration sentences as the graph's inputs: log-mel features for the first graph of a split; for
+    a later one, what the earlier fp32 graphs in build_dir's parent compute from them."""
+    from tools.inputs import speech_features, spoken
+    from tools.whisper_runtime import calibration_feeds
+
+    sentences = spec["sentences"][:spec["count"]]
+    audio = spoken(entry, sentences)
+    features = [speech_features(entry, a) for a in audio]
+    sources = [{"ref": f"espeak:{text}", "sha256": _digest(a.astype(np.float32))} for text, a in zip(sentences, audio)]
+    if entry.graph and entry.graph != entry.graphs[0]:
+        features = calibration_feeds(entry.graph, build_dir.parent, [f["input_features"] for f in features],
+                                     spec["count"] * 8, np.random.default_rng(spec["seed"]))
+    return features, sources
+
+
+def calibration_set(entry: Entry, build_dir: Path | None = None) -> CalibrationSet:
+    """The entry's calibration samples, as declared in quantization.calibration (for one graph of a split
+    entry, that graph's inputs: `build_dir` is its folder)."""
     spec = entry.data["quantization"]["calibration"]
-    samples, sources = _npy_set(entry, spec) if spec["kind"] == "npy" else _image_set(entry, spec)
+    if spec["kind"] == "speech":
+        samples, sources = _speech_set(entry, spec, build_dir)
+    else:
+        samples, sources = _npy_set(entry, spec) if spec["kind"] == "npy" else _image_set(entry, spec)
     return CalibrationSet(samples, sources, _digest(*(s[name] for s in samples for name in sorted(s))))
 
 
 def overlap_with_validation(entry: Entry, calibration: CalibrationSet) -> list[str]:
     """Calibration sources that are also validation data: the same photo (by content, whatever its name),
-    or the same preprocessed input."""
+    or the same preprocessed input; for speech, the same sentence (by its words) or the same audio."""
+    if "sentences" in entry.data["validation"]:
+        from tools.inputs import spoken
+        from tools.whisper_runtime import normalise
+
+        validation = entry.data["validation"]["sentences"]
+        words = {tuple(normalise(text)): text for text in validation}
+        audio = {_digest(a.astype(np.float32)): text for text, a in zip(validation, spoken(entry, validation))}
+        return sorted({f"{src['ref']} (= validation sentence {words.get(tuple(normalise(src['ref'][7:]))) or audio[src['sha256']]!r})"
+                       for src in calibration.sources
+                       if tuple(normalise(src["ref"][7:])) in words or src["sha256"] in audio})
     validation_refs = entry.data["validation"]["samples"]
     seen = {_digest(read_image(entry, ref)): ref for ref in validation_refs}
     seen.update({_sample_digest(s): ref for ref, s in zip(validation_refs, validation_samples(entry))})

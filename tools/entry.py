@@ -212,8 +212,20 @@ def _quantization_checks(path: Path, data: dict) -> None:
                          "speech inputs calibrate on kind 'speech', image inputs on photos, files or npy")
     if kind == "npy" and len(data["inputs"]) != 1:
         raise EntryError(path, "$.quantization.calibration.kind", "kind 'npy' holds one array: it needs a model with a single input")
+    from tools.splits import graphs_of
+
+    graphs = graphs_of(data)
+    for i, variant in enumerate(quant["variants"]):
+        named = variant.get("graphs")
+        if graphs and not named:
+            raise EntryError(path, f"$.quantization.variants[{i}].graphs", f"say which graphs this variant quantizes, of {list(graphs)}")
+        if named and not set(named) <= set(graphs):
+            raise EntryError(path, f"$.quantization.variants[{i}].graphs",
+                             f"{named} are not all graphs of this entry: " + (f"{list(graphs)}" if graphs else "it has one graph"))
     fidelity = quant["fidelity"]
-    for name in fidelity.get("outputs", {}):
+    if "speech" in fidelity and not graphs:
+        raise EntryError(path, "$.quantization.fidelity.speech", "transcript agreement needs a split speech entry")
+    for name in fidelity.get("outputs", {}) if not graphs else ():  # a split's graph outputs are the split's
         if name not in data["outputs"]:
             raise EntryError(path, f"$.quantization.fidelity.outputs.{name}",
                              f"no output {name!r}; the entry's outputs are {data['outputs']}")

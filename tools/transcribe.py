@@ -36,13 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         graphs = WhisperGraphs(args.build_dir, args.variant, args.threads)
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError) as exc:  # an export.json of another kind of entry, or a missing .tflite
         print(f"error: {args.build_dir} is not a built Whisper split entry: {exc}", file=sys.stderr)
         return 1
-    missing = [str(args.build_dir / g / f"model_{args.variant}.tflite") for g in graphs.graphs
-               if not (args.build_dir / g / f"model_{args.variant}.tflite").exists()]
-    if missing:
-        print(f"error: missing {', '.join(missing)}", file=sys.stderr)
+    if args.variant != "fp32" and all(p.name == "model_fp32.tflite" for p in graphs.files.values()):
+        print(f"error: {args.build_dir} has no variant {args.variant!r} in any graph", file=sys.stderr)
         return 1
     start = time.perf_counter()
     features = log_mel(audio, graphs.graphs["encoder"]["inputs"]["input_features"][1])[None]
@@ -51,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - start
     print(graphs.text(ids))
     t = graphs.timings
+    print("graphs: " + ", ".join(f"{g} {p.name}" for g, p in graphs.files.items()), file=sys.stderr)
     seconds = len(audio) / SAMPLE_RATE
     print(f"audio {seconds:.2f} s | log-mel {features_s * 1000:.1f} ms | encoder {t['encoder'][0] * 1000:.1f} ms | "
           f"cross K/V {t['cross_kv'][0] * 1000:.1f} ms | decoder {len(t['decoder_step'])} steps, "

@@ -127,12 +127,20 @@ class WhisperGraphs:
         self.graphs = record["graphs"]
         self.settings = DecodeSettings(**record["decoding"])
         make = onnx_runner if backend == "onnx" else tflite_runner
-        file = GRAPH_FILES.get(backend, f"model_{backend}.tflite")
-        self.runners = {name: make(build_dir / name / file, threads) for name in self.graphs}
+        self.files = {name: self._file(build_dir / name, backend) for name in self.graphs}
+        self.runners = {name: make(path, threads) for name, path in self.files.items()}
         self._to_layout = to_layout
         tokenizer = build_dir / "tokenizer.json"
         self.tokenizer = Tokenizer.from_file(tokenizer) if tokenizer.exists() else None
         self.timings: dict[str, list[float]] = {"encoder": [], "cross_kv": [], "decoder_step": []}
+
+    @staticmethod
+    def _file(folder: Path, backend: str) -> Path:
+        """The graph's file for a backend; an INT8 variant that leaves this graph float runs its fp32 .tflite."""
+        if backend in GRAPH_FILES:
+            return folder / GRAPH_FILES[backend]
+        variant = folder / f"model_{backend}.tflite"
+        return variant if variant.exists() else folder / GRAPH_FILES["fp32"]
 
     def run(self, graph: str, inputs: dict) -> list[np.ndarray]:
         import time
@@ -168,3 +176,23 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
         for j, other in enumerate(hyp, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (word != other))
     return row[len(hyp)], len(ref)
+
+
+def calibration_feeds(graph: str, build_dir: Path, features: list[np.ndarray], count: int,
+                      rng: np.random.Generator) -> list[dict]:
+    """Calibration inputs of a later graph: what the fp32 graphs before it compute from the utterances' features
+    (the decoder step's inputs at every step of greedy decoding), `count` of them drawn with `rng`."""
+    graphs = WhisperGraphs(build_dir, "fp32")
+    shape = tuple(graphs.graphs["decoder_step"]["inputs"]["self_kv"])
+    feeds: list[dict] = []
+    for feature in features:
+        (hidden,) = graphs.run("encoder", {"input_features": feature})
+        if graph == "cross_kv":
+            feeds.append({"encoder_hidden_states": hidden})
+            continue
+        (cross_kv,) = graphs.run("cross_kv", {"encoder_hidden_states": hidden})
+        greedy_decode(lambda inputs: graphs.run("decoder_step", inputs), cross_kv, shape, graphs.settings,
+                      on_step=lambda _, inputs: feeds.append(inputs))
+    if len(feeds) > count:
+        feeds = [feeds[i] for i in sorted(rng.choice(len(feeds), count, replace=False))]
+    return feeds

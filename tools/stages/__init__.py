@@ -26,6 +26,7 @@ class Stage:
     needs_int8: tuple[str, ...] = ()  # files it also reads when the entry has INT8 variants
     after: tuple[str, ...] = ()  # stages that must have succeeded first, though it reads none of their files
     per_graph: bool = False      # runs once per graph of a split entry, in build/<id>/<graph>/
+    split_needs: tuple[str, ...] = ()  # per graph of a split: files of the whole entry's folder it also reads
     split_only: bool = False     # runs only for split entries (several graphs)
 
     def applies_to(self, entry) -> bool:
@@ -36,11 +37,21 @@ class Stage:
     def targets(self, entry) -> list:
         """(graph or None, entry view) pairs this stage runs for: each graph of a split entry, or the entry."""
         if self.per_graph and entry.graphs:
-            return [(g, entry.for_graph(g)) for g in entry.graphs]
+            return [(g, view) for g in entry.graphs if self.applies_to(view := entry.for_graph(g))]
         return [(None, entry)]
 
     def needs_for(self, entry) -> list[str]:
-        return _expand(self.needs + (self.needs_int8 if int8_enabled(entry) else ()), entry)
+        files = _expand(self.needs, entry)
+        if entry.graph and self.split_needs:
+            whole = type(entry)(entry.path, entry.data)
+            files += [f"../{f}" for f in _expand(self.split_needs, whole)]
+        if entry.graphs and entry.graph is None:  # a graph's INT8 files only where that graph has INT8 variants
+            for graph in entry.graphs:
+                view = entry.for_graph(graph)
+                if int8_enabled(view):
+                    files += [f"{graph}/{f}" for f in _expand(tuple(n.removeprefix("{graph}/") for n in self.needs_int8), view)]
+            return files
+        return files + (_expand(self.needs_int8, entry) if int8_enabled(entry) else [])
 
     def makes_for(self, entry) -> list[str]:
         """Its output files for this entry, its record last; 'model_{variant}.tflite' names one file per INT8 variant."""
@@ -59,12 +70,22 @@ class Stage:
         return getattr(import_module(f"tools.stages.{self.name}"), self.name)(entry, build_dir)
 
 
+def int8_variants(entry) -> list[dict]:
+    """The declared INT8 variants that apply here: all of a single-graph entry's; of a split entry's graph, those
+    whose `graphs` name it; for a whole split entry, all (each quantizes some of its graphs)."""
+    quant = entry.data["quantization"]
+    if not quant["enabled"]:
+        return []
+    variants = quant["variants"]
+    return [v for v in variants if entry.graph in v.get("graphs", ())] if entry.graph else variants
+
+
 def int8_enabled(entry) -> bool:
-    return bool(entry.data["quantization"]["enabled"])
+    return bool(int8_variants(entry))
 
 
 def variant_files(entry) -> list[str]:
-    return [f"model_{v['name']}.tflite" for v in entry.data["quantization"].get("variants", [])] if int8_enabled(entry) else []
+    return [f"model_{v['name']}.tflite" for v in int8_variants(entry)]
 
 
 def _expand(names: tuple[str, ...], entry) -> list[str]:
@@ -108,19 +129,20 @@ STAGES = {s.name: s for s in [
     Stage("quantize", "INT8 variants of the fp32 .tflite, calibrated on real data kept apart from validation",
           ("inputs", "validation", "quantization.variants", "quantization.keep_float", "quantization.calibration"),
           ("model_fp32.tflite",), ("model_{variant}.tflite", "quantize.json"), int8_only=True, after=("validate",),
-          code=("tools/calibration.py", "tools/inputs.py", "tools/tflite_graph.py"), per_graph=True),
+          code=("tools/calibration.py", "tools/inputs.py", "tools/tflite_graph.py", "tools/whisper_runtime.py"),
+          per_graph=True, split_needs=("export.json", "{graph}/model_fp32.tflite")),
     Stage("fidelity", "INT8 vs fp32 TFLite on the validation inputs: SQNR, cosine, task agreement, worst layers",
           ("outputs", "validation", "quantization.variants", "quantization.fidelity"),
-          ("reference.npz", "model_fp32.tflite", "model_{variant}.tflite", "quantize.json"), ("fidelity.json",),
+          ("reference.npz", "export.json", "model_fp32.tflite", "model_{variant}.tflite", "quantize.json"), ("fidelity.json",),
           int8_only=True, code=("tools/metrics.py", "tools/stages/validate.py"), per_graph=True),
     Stage("npu", "VX-delegate placement of every .tflite: ops and MACs on the NPU, partitions, every fallback and why",
           (), ("model_fp32.tflite", "model_{variant}.tflite"), ("npu.json",),
           code=("tools/npu.py", "tools/data/vx_delegate_rules.json", "tools/tflite_graph.py"), per_graph=True),
     Stage("speech", "whole-utterance transcripts from the ONNX and fp32 TFLite graphs against torch's: equal ids, word "
-          "error rates, real-time factors", ("validation", "decoding", "split"),
+          "error rates, real-time factors; INT8 variants against fp32", ("validation", "decoding", "split", "quantization"),
           ("export.json", "{graph}/model.onnx", "{graph}/model_fp32.tflite", "{graph}/validation.json"), ("speech.json",),
-          split_only=True, code=("tools/whisper_runtime.py", "tools/inputs.py", "tools/speech.py", "tools/logmel.py",
-                                 "tools/stages/validate.py")),
+          split_only=True, needs_int8=("{graph}/model_{variant}.tflite",),
+          code=("tools/whisper_runtime.py", "tools/inputs.py", "tools/speech.py", "tools/logmel.py", "tools/stages/validate.py")),
     Stage("card", "card.json (schema-checked) and card.md from the stage records", ALL_SECTIONS,
           ("export.json", "{graph}/export.json", "{graph}/simplify.json", "{graph}/convert.json",
            "{graph}/validation.json", "{graph}/model.onnx", "{graph}/model_sim.onnx", "{graph}/model_fp32.tflite",

@@ -15,6 +15,7 @@ import numpy as np
 from tools.atomic import atomic_path
 from tools.calibration import calibration_set, overlap_with_validation
 from tools.entry import Entry
+from tools.stages import int8_variants
 from tools.tflite_graph import read_graph
 
 REJECTED_TYPES = ("INT16", "INT64", "UINT16", "UINT64")
@@ -50,7 +51,7 @@ def quantize(entry: Entry, build_dir: Path) -> dict:
     from tools.stages import StageError
 
     spec = entry.data["quantization"]
-    calibration = calibration_set(entry)
+    calibration = calibration_set(entry, build_dir)
     shared = overlap_with_validation(entry, calibration)
     if shared:
         raise StageError(f"entry {entry.id!r}: calibration data overlaps the validation data: {'; '.join(shared)}; "
@@ -61,7 +62,7 @@ def quantize(entry: Entry, build_dir: Path) -> dict:
     calibrated = calibrator.Calibrator(calibrator.add_intermediate_tensors(fp32)).calibrate(lambda: iter(feeds))
     keep = spec.get("keep_float", {})
     variants = {}
-    for variant in spec["variants"]:
+    for variant in int8_variants(entry):
         io = tf.int8 if variant.get("io", "float32") == "int8" else tf.float32
         model = convert.mlir_quantize(calibrated, disable_per_channel=variant["weights"] == "per-tensor",
                                       input_data_type=io, output_data_type=io,

@@ -145,7 +145,7 @@ def tiny_build(tmp_path_factory):
 
 def test_tiny_build_runs_every_stage_of_every_graph(tiny_build):
     run, first = tiny_build
-    per_graph = {f"{s}:wt_tiny.{g}" for s in ("simplify", "convert", "validate", "npu") for g in GRAPHS}
+    per_graph = {f"{s}:wt_tiny.{g}" for s in ("simplify", "convert", "validate", "quantize", "fidelity", "npu") for g in GRAPHS}
     assert first.ran == {"export:wt_tiny", "speech:wt_tiny", "card:wt_tiny"} | per_graph
     second = run("run", "build", env=RANDOM)
     assert not second.ran, "an unchanged build reruns nothing"
@@ -186,6 +186,60 @@ def test_tiny_build_transcripts_agree_and_the_card_shows_them(tiny_build):
     assert {a["path"] for a in card["artifacts"]} >= {f"{g}/model_fp32.tflite" for g in GRAPHS}
     markdown = (out / "card.md").read_text()
     assert "RANDOM WEIGHTS" in markdown and "## Graph `decoder_step`" in markdown and "real-time factor" in markdown
+
+
+def test_int8_variants_quantize_only_their_graphs_and_are_judged_by_their_words(tiny_build):
+    from tools.tflite_graph import read_graph
+
+    run, _ = tiny_build
+    out = run.build / "wt_tiny"
+    files = {g: sorted(p.name for p in (out / g).glob("model_int8*.tflite")) for g in GRAPHS}
+    assert files == {"encoder": ["model_int8_pc.tflite"], "cross_kv": ["model_int8_pc.tflite"],
+                     "decoder_step": ["model_int8_decoder.tflite"]}
+    for graph, names in files.items():
+        quantized = read_graph(out / graph / names[0])
+        assert not quantized.tensors_of_type("INT16", "INT64"), graph
+        assert "INT8" in {t.type for t in quantized.tensors}
+        record = json.loads((out / graph / "quantize.json").read_text())
+        assert record["calibration"]["sources"][0]["ref"].startswith("espeak:")
+    # The decoder step calibrates on its inputs along greedy decoding of the calibration utterances.
+    assert json.loads((out / "decoder_step" / "quantize.json").read_text())["calibration"]["count"] > 2
+    speech = json.loads((out / "speech.json").read_text())
+    int8 = speech["backends"]["int8_pc"]
+    assert int8["runs"].endswith("encoder/model_int8_pc.tflite, cross_kv/model_int8_pc.tflite, decoder_step/model_fp32.tflite")
+    assert 0 <= int8["wer_vs_fp32"] <= 0.1 and int8["passed"]
+    assert speech["backends"]["int8_decoder"]["trial"] is True
+    assert json.loads((out / "decoder_step" / "fidelity.json").read_text())["variants"]["int8_decoder"]["trial"] is True
+
+
+def test_calibration_sentence_that_is_also_a_validation_sentence_is_refused(tmp_path):
+    from tools.calibration import calibration_set, overlap_with_validation
+
+    data = json.loads(ENTRY.read_text())
+    spoken = data["validation"]["sentences"][1]
+    data["quantization"]["calibration"]["sentences"][0] = spoken.upper().replace(".", "!")  # same words, other text
+    entry = load_entry(write_entry(tmp_path, data)).for_graph("encoder")
+    calibration = calibration_set(entry)
+    assert overlap_with_validation(entry, calibration) == [f"espeak:{spoken.upper().replace('.', '!')} (= validation sentence {spoken!r})"]
+    assert len(calibration.samples) == data["quantization"]["calibration"]["count"]
+    assert calibration.samples[0]["input_features"].shape == (1, 80, 3000)
+
+
+def test_speech_stage_fails_an_int8_variant_beyond_its_word_error_rate(tiny_build, tmp_path):
+    import shutil
+
+    run, _ = tiny_build
+    data = json.loads((run.zoo / "wt_tiny.json").read_text())
+    data["quantization"]["variants"][1].pop("trial")  # the INT8 decoder, gated like any variant
+    data["quantization"]["fidelity"]["speech"]["max_wer_vs_fp32"] = 0.0
+    zoo = tmp_path / "zoo"
+    write_entry(zoo, data)
+    shutil.copytree(run.build / "wt_tiny", tmp_path / "wt_tiny")
+    proc = subprocess.run([sys.executable, "-m", "tools.stage", "speech", str(zoo / "wt_tiny.json"), str(tmp_path / "wt_tiny")],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, **RANDOM})
+    record = json.loads((tmp_path / "wt_tiny" / "speech.json").read_text())
+    assert record["backends"]["int8_decoder"]["wer_vs_fp32"] > 0 and not record["passed"]
+    assert proc.returncode == 1 and "int8_decoder: word error rate" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_speech_stage_fails_when_a_backend_disagrees_with_torch(tiny_build, tmp_path):

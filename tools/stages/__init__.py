@@ -42,9 +42,11 @@ class Stage:
 
     def needs_for(self, entry) -> list[str]:
         files = _expand(self.needs, entry)
-        if entry.graph and self.split_needs:
-            whole = type(entry)(entry.path, entry.data)
-            files += [f"../{f}" for f in _expand(self.split_needs, whole)]
+        if entry.graph and self.split_needs:  # '{graph}/' here: each graph that runs before this one
+            earlier = entry.graphs[:entry.graphs.index(entry.graph)]
+            for name in self.split_needs:
+                base = name.removeprefix("{graph}/")
+                files += [f"../{g}/{base}" for g in earlier] if name.startswith("{graph}/") else [f"../{name}"]
         if entry.graphs and entry.graph is None:  # a graph's INT8 files only where that graph has INT8 variants
             for graph in entry.graphs:
                 view = entry.for_graph(graph)

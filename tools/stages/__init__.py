@@ -92,7 +92,8 @@ def variant_files(entry) -> list[str]:
 
 def _expand(names: tuple[str, ...], entry) -> list[str]:
     """File names for this entry: 'model_{variant}.tflite' is one per INT8 variant; '{graph}/' is each graph's
-    folder of a split entry (nothing for a single-graph entry); '{split}' marks a file only split entries have. Duplicates are dropped, order kept."""
+    folder of a split entry (nothing for a single-graph entry); '{split}' marks a file only split entries have.
+    Duplicates are dropped, order kept."""
     out = []
     for name in names:
         if name.startswith("{split}"):  # a file only split entries have

@@ -15,7 +15,9 @@ from typing import Callable
 
 import numpy as np
 
-MASKED = -1e4  # tools.splits.whisper.MASKED: the additive bias of a cache slot not yet filled
+# Added to the scores of decoder cache slots not yet filled: large enough to zero their softmax weight, small
+# enough to stay finite in float16 and to leave an int8 scale usable.
+MASKED = -1e4
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -62,11 +64,6 @@ class DecodeSettings:
     max_tokens: int
     suppress: list[int] = field(default_factory=list)
     suppress_first: list[int] = field(default_factory=list)
-
-
-# One decoder step: (input_ids int32 [1,1], position_ids int32 [1,1], attention_bias [1,M], self_kv, cross_kv)
-# -> (logits [1, vocab], self_kv)
-StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple]
 
 
 def step_inputs(token: int, position: int, max_tokens: int, self_kv: np.ndarray, cross_kv: np.ndarray) -> dict:

@@ -13,10 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Added to the scores of cache slots not yet filled: large enough to zero their softmax weight, small enough
-# to stay finite in float16 and to leave an int8 scale usable.
-MASKED = -1e4
-
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """[1, T, d] -> [heads, T, d / heads]."""

@@ -84,11 +84,11 @@ def speech(entry: Entry, build_dir: Path) -> dict:
         "cross_kv_ms": round(1000 * float(np.median(t["cross_kv_s"])), 2),
         "decoder_step_ms": round(1000 * torch_steps, 3),
         "real_time_factor": round((sum(t["encoder_s"]) + sum(t["cross_kv_s"]) + sum(t["decode_s"])) / audio_s, 4)}
+    known = quant["fidelity"].get("known_failure") if int8_failures else None  # measured, shown, not gating
+    if not known:
+        failures += int8_failures
     record = {"passed": not failures, "sentences": sentences, "audio_s": round(audio_s, 2),
               "trained_weights": exported["weights"]["kind"] == "trained", "backends": backends}
-    known = quant["fidelity"].get("known_failure") if int8_failures else None
-    failures += [] if known else int8_failures
-    record["passed"] = not failures
     if known:
         record["known_failure"] = known
     if failures:

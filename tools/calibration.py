@@ -127,11 +127,14 @@ def overlap_with_validation(entry: Entry, calibration: CalibrationSet) -> list[s
         from tools.whisper_runtime import normalise
 
         validation = entry.data["validation"]["sentences"]
-        words = {tuple(normalise(text)): text for text in validation}
-        audio = {_digest(a.astype(np.float32)): text for text, a in zip(validation, spoken(entry, validation))}
-        return sorted({f"{src['ref']} (= validation sentence {words.get(tuple(normalise(src['ref'][7:]))) or audio[src['sha256']]!r})"
-                       for src in calibration.sources
-                       if tuple(normalise(src["ref"][7:])) in words or src["sha256"] in audio})
+        by_words = {tuple(normalise(text)): text for text in validation}
+        by_audio = {_digest(a.astype(np.float32)): text for text, a in zip(validation, spoken(entry, validation))}
+        shared = set()
+        for src in calibration.sources:
+            same = by_words.get(tuple(normalise(src["ref"].removeprefix("espeak:")))) or by_audio.get(src["sha256"])
+            if same:
+                shared.add(f"{src['ref']} (= validation sentence {same!r})")
+        return sorted(shared)
     validation_refs = entry.data["validation"]["samples"]
     seen = {_digest(read_image(entry, ref)): ref for ref in validation_refs}
     seen.update({_sample_digest(s): ref for ref, s in zip(validation_refs, validation_samples(entry))})

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="LiteRT threads (default: all cores)")
     args = parser.parse_args(argv)
 
-    from tools.logmel import SAMPLE_RATE, log_mel
+    from tools.logmel import SAMPLE_RATE, WINDOW_SECONDS, log_mel
     from tools.speech import read_wav
     from tools.whisper_runtime import WhisperGraphs
 
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant != "fp32" and all(p.name == "model_fp32.tflite" for p in graphs.files.values()):
         print(f"error: {args.build_dir} has no variant {args.variant!r} in any graph", file=sys.stderr)
         return 1
+    if len(audio) > WINDOW_SECONDS * SAMPLE_RATE:
+        print(f"warning: {args.wav} is {len(audio) / SAMPLE_RATE:.1f} s long; Whisper hears its first {WINDOW_SECONDS} s",
+              file=sys.stderr)
     start = time.perf_counter()
     features = log_mel(audio, graphs.graphs["encoder"]["inputs"]["input_features"][1])[None]
     features_s = time.perf_counter() - start

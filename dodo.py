@@ -47,8 +47,12 @@ def _make_task_creator(stage):
     def creator():
         for entry in ENTRIES:
             if stage.applies_to(entry):
-                for graph, view in stage.targets(entry):
+                targets = stage.targets(entry)
+                for graph, view in targets:
                     yield _stage_task(stage, view, graph)
+                if targets[0][0]:  # a split entry: <stage>:<id> runs the stage for each of its graphs
+                    yield {"name": entry.id, "doc": f"{stage.doc} [{entry.id}: every graph]", "actions": None,
+                           "task_dep": [f"{stage.name}:{entry.id}.{graph}" for graph, _ in targets]}
     creator.__doc__ = stage.doc
     return creator
 

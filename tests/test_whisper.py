@@ -151,6 +151,8 @@ def test_tiny_build_runs_every_stage_of_every_graph(tiny_build):
     assert first.ran == {"export:wt_tiny", "speech:wt_tiny", "card:wt_tiny"} | per_graph
     second = run("run", "build", env=RANDOM)
     assert not second.ran, "an unchanged build reruns nothing"
+    listed = run("list", "--all", env=RANDOM).stdout
+    assert "quantize:wt_tiny " in listed and "fidelity:wt_tiny " in listed, "a stage of every graph by the entry's name"
 
 
 @pytest.mark.parametrize("graph", GRAPHS)

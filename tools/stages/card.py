@@ -205,7 +205,8 @@ def _int8_markdown(quant: dict, fid: dict, h: str) -> list[str]:
         f = fid["variants"][name]
         for output, o in f["outputs"].items():
             lines.append(f"| {name} | {v['weights']} | {v.get('io', 'float32')} | {v['bytes']:,} | {len(v['float_ops'])} "
-                         f"| {output} | {o['sqnr_db_min']} | {o['cosine_min']} | {'yes' if f['passed'] else 'NO'} |")
+                         f"| {output} | {o['sqnr_db_min']} | {o['cosine_min']} | {'yes' if f['passed'] else 'NO'}"
+                         f"{' (trial: not gating)' if f.get('trial') else ''} |")
     for name, f in fid["variants"].items():
         if "detection" in f:
             d = f["detection"]

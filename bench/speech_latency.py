@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.entry import load_entry  # noqa: E402
 from tools.stages.validate import load_reference, to_layout  # noqa: E402
-from tools.whisper_runtime import WhisperGraphs, greedy_decode  # noqa: E402
+from tools.whisper_runtime import WhisperGraphs, decode_utterance  # noqa: E402
 
 
 def torch_graphs(entry, threads: int) -> dict:
@@ -84,16 +84,12 @@ def main() -> int:
     audio = spoken(entry, sentences)
     seconds = sum(len(a) for a in audio) / SAMPLE_RATE
     features = [speech_features(entry, a)["input_features"] for a in audio]
-    shape = tuple(exported["graphs"]["decoder_step"]["inputs"]["self_kv"])
-    settings = lite["fp32"].settings
+    fp32 = lite["fp32"]
     utterances = {}
     for name, runs in backends.items():
-        def decode(f, runs=runs):
-            (hidden,) = runs["encoder"]({"input_features": f})
-            (cross_kv,) = runs["cross_kv"]({"encoder_hidden_states": hidden})
-            return greedy_decode(lambda i: tuple(runs["decoder_step"](i)), cross_kv, shape, settings)
         start = time.perf_counter()
-        texts = [lite["fp32"].text(decode(f)) for f in features]
+        texts = [fp32.text(decode_utterance(lambda graph, inputs, runs=runs: runs[graph](inputs), f, fp32.self_kv_shape,
+                                            fp32.settings)) for f in features]
         utterances[name] = {"real_time_factor": round((time.perf_counter() - start) / seconds, 4), "transcripts": texts}
     print(f"{args.build}: {args.threads} threads, median of {args.runs} (ms); {len(sentences)} sentences, {seconds:.2f} s of audio")
     names = list(backends)

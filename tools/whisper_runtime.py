@@ -99,6 +99,14 @@ def greedy_decode(step: Callable[[dict], tuple], cross_kv: np.ndarray, self_kv_s
     return tokens[len(settings.prompt):]
 
 
+def decode_utterance(run: Callable[[str, dict], list], features: np.ndarray, self_kv_shape: tuple,
+                     settings: DecodeSettings, on_step: Callable[[int, dict], None] | None = None) -> list[int]:
+    """Encoder, cross K/V once, then greedy decoding; `run(graph, inputs)` gives that graph's outputs in order."""
+    (hidden,) = run("encoder", {"input_features": features})
+    (cross_kv,) = run("cross_kv", {"encoder_hidden_states": hidden})
+    return greedy_decode(lambda inputs: run("decoder_step", inputs), cross_kv, self_kv_shape, settings, on_step)
+
+
 def settings_of(entry) -> DecodeSettings:
     decoding = entry.data["decoding"]
     return DecodeSettings(prompt=list(decoding["prompt"]), end=decoding["end"],
@@ -147,11 +155,12 @@ class WhisperGraphs:
         self.timings[graph].append(time.perf_counter() - start)
         return [self._to_layout(np.asarray(got[name]), tuple(shape)) for name, shape in self.graphs[graph]["outputs"].items()]
 
-    def decode(self, features: np.ndarray) -> list[int]:
-        (hidden,) = self.run("encoder", {"input_features": features})
-        (cross_kv,) = self.run("cross_kv", {"encoder_hidden_states": hidden})
-        shape = tuple(self.graphs["decoder_step"]["inputs"]["self_kv"])
-        return greedy_decode(lambda inputs: self.run("decoder_step", inputs), cross_kv, shape, self.settings)
+    @property
+    def self_kv_shape(self) -> tuple:
+        return tuple(self.graphs["decoder_step"]["inputs"]["self_kv"])
+
+    def decode(self, features: np.ndarray, on_step: Callable[[int, dict], None] | None = None) -> list[int]:
+        return decode_utterance(self.run, features, self.self_kv_shape, self.settings, on_step)
 
     def text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer else " ".join(f"<{i}>" for i in ids)
@@ -180,16 +189,13 @@ def calibration_feeds(graph: str, build_dir: Path, features: list[np.ndarray], c
     """Calibration inputs of a later graph: what the fp32 graphs before it compute from the utterances' features
     (the decoder step's inputs at every step of greedy decoding), `count` of them drawn with `rng`."""
     graphs = WhisperGraphs(build_dir, "fp32")
-    shape = tuple(graphs.graphs["decoder_step"]["inputs"]["self_kv"])
     feeds: list[dict] = []
     for feature in features:
-        (hidden,) = graphs.run("encoder", {"input_features": feature})
         if graph == "cross_kv":
+            (hidden,) = graphs.run("encoder", {"input_features": feature})
             feeds.append({"encoder_hidden_states": hidden})
-            continue
-        (cross_kv,) = graphs.run("cross_kv", {"encoder_hidden_states": hidden})
-        greedy_decode(lambda inputs: graphs.run("decoder_step", inputs), cross_kv, shape, graphs.settings,
-                      on_step=lambda _, inputs: feeds.append(inputs))
+        else:
+            graphs.decode(feature, on_step=lambda _, inputs: feeds.append(inputs))
     if len(feeds) > count:
         feeds = [feeds[i] for i in sorted(rng.choice(len(feeds), count, replace=False))]
     return feeds

@@ -130,12 +130,15 @@ def _cross_field_checks(path: Path, data: dict) -> None:
             raise EntryError(path, f"$.inputs[{i}].layout",
                              f"layout {spec['layout']!r} names {len(spec['layout'])} axes but shape {spec['shape']} has {len(spec['shape'])}")
         pre = spec["preprocess"]
-        wanted = {"image": "samples", "log_mel": "sentences"}[pre["kind"]]
+        wanted = "sentences" if pre["kind"] in SPEECH_FEATURES else "samples"
         if wanted not in data["validation"]:
             raise EntryError(path, "$.validation", f"{pre['kind']} input {spec['name']!r} is validated on {wanted!r}")
-        if pre["kind"] == "log_mel" and (spec["layout"] != "NCT" or spec["shape"][1] != pre.get("n_mels", 80)):
-            raise EntryError(path, f"$.inputs[{i}]", f"log_mel features are laid out NCT with n_mels channels "
-                             f"({pre.get('n_mels', 80)}), got layout {spec['layout']!r} and shape {spec['shape']}")
+        if pre["kind"] in SPEECH_FEATURES:
+            layout = SPEECH_FEATURES[pre["kind"]]
+            mel_axis = layout.index("C")
+            if spec["layout"] != layout or spec["shape"][mel_axis] != pre.get("n_mels", 80):
+                raise EntryError(path, f"$.inputs[{i}]", f"{pre['kind']} features are laid out {layout} with n_mels channels "
+                                 f"({pre.get('n_mels', 80)}), got layout {spec['layout']!r} and shape {spec['shape']}")
         if pre["kind"] == "image":
             if spec["layout"] != "NCHW":
                 raise EntryError(path, f"$.inputs[{i}].layout", "image inputs are declared in torch's NCHW layout")
@@ -175,10 +178,15 @@ def _cross_field_checks(path: Path, data: dict) -> None:
 def _split_checks(path: Path, data: dict) -> None:
     from tools.splits import REGISTRY
 
+    if is_speech(data) != ("decoding" in data):
+        raise EntryError(path, "$.decoding", "a speech entry declares how its output becomes words ($.decoding), "
+                         "and only a speech entry does")
     if "split" not in data:
         if "decoding" in data:
-            raise EntryError(path, "$.decoding", "greedy decoding belongs to a split speech entry: declare $.split")
+            _ctc_checks(path, data)
         return
+    if decoding_kind(data) != "whisper_greedy":
+        raise EntryError(path, "$.decoding.kind", "a split entry decodes with its decoder step: whisper_greedy")
     split = REGISTRY[data["split"]["name"]]
     source = data["source"].get("class") or data["source"].get("model")
     if source not in split.applies_to:
@@ -192,7 +200,34 @@ def _split_checks(path: Path, data: dict) -> None:
         raise EntryError(path, "$.decoding.tokenizer.unpinned_reason", "sha256 is null: say why, or pin it")
 
 
+def _ctc_checks(path: Path, data: dict) -> None:
+    if decoding_kind(data) != "ctc_greedy":
+        raise EntryError(path, "$.decoding.kind", "whisper_greedy needs the decoder step of a split: declare "
+                         "$.split, or decode a CTC model with ctc_greedy")
+    if any(spec["preprocess"]["kind"] != "nemo_mel" for spec in data["inputs"]) or len(data["inputs"]) != 1:
+        raise EntryError(path, "$.inputs", "ctc_greedy decodes a model with one nemo_mel input")
+    if data["decoding"]["vocabulary"] == "nemo_config" and data["weights"]["format"] != "nemo":
+        raise EntryError(path, "$.decoding.vocabulary", "nemo_config reads the labels from a .nemo archive: "
+                         "the weights' format must be 'nemo'")
+    vocab_size = data["source"].get("config", {}).get("vocab_size")
+    if vocab_size is not None and data["decoding"]["blank"] >= vocab_size:
+        raise EntryError(path, "$.decoding.blank", f"blank id {data['decoding']['blank']} is outside the "
+                         f"{vocab_size} labels of $.source.config.vocab_size")
+
+
 CALIBRATION_FIELD = {"photos": "samples", "files": "glob", "npy": "path", "speech": "sentences"}
+# Speech front ends (tools/logmel.py) and the layout of the features each makes.
+SPEECH_FEATURES = {"log_mel": "NCT", "nemo_mel": "NTC"}
+
+
+def is_speech(data: dict) -> bool:
+    """Whether the entry hears speech: its inputs are features of spoken audio."""
+    return any(spec["preprocess"]["kind"] in SPEECH_FEATURES for spec in data["inputs"])
+
+
+def decoding_kind(data: dict) -> str | None:
+    """How the entry's output becomes words: 'whisper_greedy', 'ctc_greedy', or None (not a speech entry)."""
+    return data["decoding"].get("kind", "whisper_greedy") if "decoding" in data else None
 
 
 def _quantization_checks(path: Path, data: dict) -> None:
@@ -206,8 +241,7 @@ def _quantization_checks(path: Path, data: dict) -> None:
     if CALIBRATION_FIELD[kind] not in quant["calibration"]:
         raise EntryError(path, f"$.quantization.calibration.{CALIBRATION_FIELD[kind]}",
                          f"calibration kind {kind!r} needs {CALIBRATION_FIELD[kind]!r}")
-    speech = any(spec["preprocess"]["kind"] == "log_mel" for spec in data["inputs"])
-    if speech != (kind == "speech"):
+    if is_speech(data) != (kind == "speech"):
         raise EntryError(path, "$.quantization.calibration.kind",
                          "speech inputs calibrate on kind 'speech', image inputs on photos, files or npy")
     if kind == "npy" and len(data["inputs"]) != 1:
@@ -223,8 +257,8 @@ def _quantization_checks(path: Path, data: dict) -> None:
             raise EntryError(path, f"$.quantization.variants[{i}].graphs",
                              f"{named} are not all graphs of this entry: " + (f"{list(graphs)}" if graphs else "it has one graph"))
     fidelity = quant["fidelity"]
-    if "speech" in fidelity and not graphs:
-        raise EntryError(path, "$.quantization.fidelity.speech", "transcript agreement needs a split speech entry")
+    if "speech" in fidelity and "decoding" not in data:
+        raise EntryError(path, "$.quantization.fidelity.speech", "transcript agreement needs a speech entry with $.decoding")
     for name in fidelity.get("outputs", {}) if not graphs else ():  # a split's graph outputs are the split's
         if name not in data["outputs"]:
             raise EntryError(path, f"$.quantization.fidelity.outputs.{name}",

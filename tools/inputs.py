@@ -62,10 +62,18 @@ def spoken(entry: Entry, sentences: list[str]) -> list[np.ndarray]:
                 for i, text in enumerate(sentences)]
 
 
-def speech_features(entry: Entry, audio: np.ndarray) -> dict[str, np.ndarray]:
-    from tools.logmel import log_mel
+def features_of(spec: dict, audio: np.ndarray) -> np.ndarray:
+    """One declared speech input (batch of one) from 16 kHz audio, by its front end."""
+    from tools.logmel import log_mel, nemo_mel
 
-    return {spec["name"]: log_mel(audio, spec["preprocess"].get("n_mels", 80))[None] for spec in entry.data["inputs"]}
+    n_mels = spec["preprocess"].get("n_mels", 80)
+    if spec["preprocess"]["kind"] == "nemo_mel":
+        return nemo_mel(audio, spec["shape"][1], n_mels)[None]
+    return log_mel(audio, n_mels)[None]
+
+
+def speech_features(entry: Entry, audio: np.ndarray) -> dict[str, np.ndarray]:
+    return {spec["name"]: features_of(spec, audio) for spec in entry.data["inputs"]}
 
 
 def validation_samples(entry: Entry) -> list[dict[str, np.ndarray]]:

@@ -115,3 +115,45 @@ def whisper_ctranslate2(state: dict) -> dict:
     from tools.ctranslate2 import whisper_to_transformers
 
     return whisper_to_transformers(state)
+
+
+# NeMo ConformerEncoder + ConvASRDecoder (EncDecCTCModelBPE) -> tools/families/conformer_ctc (Parakeet modules).
+_NEMO_CONFORMER_RULES = compile_rules([
+    (r"encoder\.pre_encode\.conv\.(\d+)\.(weight|bias)", r"encoder.subsampling.layers.\1.\2"),
+    (r"encoder\.pre_encode\.out\.(weight|bias)", r"encoder.subsampling.linear.\1"),
+    (r"encoder\.layers\.(\d+)\.(norm_feed_forward[12]|norm_self_att|norm_conv|norm_out)\.(weight|bias)",
+     r"encoder.layers.\1.\2.\3"),
+    (r"encoder\.layers\.(\d+)\.(feed_forward[12])\.(linear[12])\.(weight|bias)", r"encoder.layers.\1.\2.\3.\4"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.linear_q\.(weight|bias)", r"encoder.layers.\1.self_attn.q_proj.\2"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.linear_k\.(weight|bias)", r"encoder.layers.\1.self_attn.k_proj.\2"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.linear_v\.(weight|bias)", r"encoder.layers.\1.self_attn.v_proj.\2"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.linear_out\.(weight|bias)", r"encoder.layers.\1.self_attn.o_proj.\2"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.linear_pos\.weight", r"encoder.layers.\1.self_attn.relative_k_proj.weight"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.pos_bias_u", r"encoder.layers.\1.self_attn.bias_u"),
+    (r"encoder\.layers\.(\d+)\.self_attn\.pos_bias_v", r"encoder.layers.\1.self_attn.bias_v"),
+    (r"encoder\.layers\.(\d+)\.conv\.(pointwise_conv1|depthwise_conv|pointwise_conv2)\.(weight|bias)",
+     r"encoder.layers.\1.conv.\2.\3"),
+    (r"encoder\.layers\.(\d+)\.conv\.batch_norm\.(weight|bias|running_mean|running_var|num_batches_tracked)",
+     r"encoder.layers.\1.conv.norm.\2"),
+    (r"decoder\.decoder_layers\.0\.(weight|bias)", r"ctc_head.\1"),
+])
+# Buffers NeMo saves that the graph does not take as weights: the front end runs outside the graph
+# (tools/logmel.py), and the relative positions are recomputed for the input's static length.
+_NEMO_DROPPED = re.compile(r"(preprocessor\.featurizer\.(window|fb)|encoder\.pos_enc\.pe)\Z")
+
+
+@register("nemo_conformer_ctc")
+def nemo_conformer_ctc(state: dict) -> dict:
+    """NeMo Conformer-CTC (stt_en_conformer_ctc_*) keys -> the conformer_ctc family's: renames only."""
+    out, unknown = {}, []
+    for key, tensor in state.items():
+        if _NEMO_DROPPED.match(key):
+            continue
+        target = renamed(key, _NEMO_CONFORMER_RULES)
+        if target is None:
+            unknown.append(key)
+        else:
+            out[target] = tensor
+    if unknown:
+        raise KeyError(f"nemo_conformer_ctc: {len(unknown)} keys of no known NeMo Conformer-CTC layout, e.g. {unknown[:5]}")
+    return out

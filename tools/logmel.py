@@ -1,8 +1,13 @@
-"""Whisper's log-mel front end in numpy alone, so that transcribing with the .tflite graphs needs no torch.
+"""Speech front ends in numpy alone, so that transcribing with the .tflite graphs needs no torch.
 
-16 kHz mono float audio -> (n_mels, 3000) features: padded or cut to 30 s, centred STFT (periodic Hann
-window of 400 samples, hop 160), power spectrum, Slaney-normalised mel filters up to 8 kHz, log10, floored
-at 8 below the maximum, scaled by (x + 4) / 4. The tests hold it to transformers' WhisperFeatureExtractor.
+log_mel (Whisper): 16 kHz mono float audio -> (n_mels, 3000) features: padded or cut to 30 s, centred STFT
+(periodic Hann window of 400 samples, hop 160), power spectrum, Slaney-normalised mel filters up to 8 kHz,
+log10, floored at 8 below the maximum, scaled by (x + 4) / 4. The tests hold it to WhisperFeatureExtractor.
+
+nemo_mel (NeMo's Conformers, transformers' Parakeet): (frames, n_mels) features of a fixed window: pre-emphasis
+0.97, centred 512-point STFT with zero padding (symmetric Hann window of 400 samples, hop 160), power, the same
+Slaney mel filters, natural log of (x + 2^-24), each band normalised to zero mean and unit variance over the
+utterance's frames; frames past the utterance are zero. The tests hold it to ParakeetFeatureExtractor.
 """
 from __future__ import annotations
 
@@ -48,3 +53,32 @@ def log_mel(audio: np.ndarray, n_mels: int = 80) -> np.ndarray:
     mel = np.log10(np.maximum(power @ mel_filters(n_mels), 1e-10)).T[:, :-1]
     mel = np.maximum(mel, mel.max() - 8.0)
     return ((mel + 4.0) / 4.0).astype(np.float32)
+
+
+NEMO_N_FFT = 512
+NEMO_WINDOW = 400
+NEMO_PREEMPHASIS = 0.97
+NEMO_LOG_GUARD = 2.0 ** -24
+NEMO_STD_EPSILON = 1e-5
+
+
+def nemo_mel(audio: np.ndarray, frames: int, n_mels: int = 80) -> np.ndarray:
+    """float32 (frames, n_mels) NeMo features of 16 kHz mono audio, zero-padded or cut to frames - 1 hops."""
+    samples = (frames - 1) * HOP
+    audio = np.asarray(audio, dtype=np.float64)[:samples]
+    length = audio.shape[0]
+    emphasised = np.concatenate([audio[:1], audio[1:] - NEMO_PREEMPHASIS * audio[:-1]])
+    signal = np.pad(emphasised, (NEMO_N_FFT // 2, samples - length + NEMO_N_FFT // 2))
+    window = np.zeros(NEMO_N_FFT)
+    offset = (NEMO_N_FFT - NEMO_WINDOW) // 2
+    window[offset:offset + NEMO_WINDOW] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(NEMO_WINDOW) / (NEMO_WINDOW - 1))
+    spectrum = np.fft.rfft(np.lib.stride_tricks.sliding_window_view(signal, NEMO_N_FFT)[::HOP] * window, axis=-1)
+    features = np.log((np.abs(spectrum) ** 2) @ mel_filters(n_mels, NEMO_N_FFT) + NEMO_LOG_GUARD)
+    valid = length // HOP  # frames of the utterance itself
+    if valid < 2:
+        raise ValueError(f"{length} samples are too short for NeMo features: at least {2 * HOP} are needed")
+    mean = features[:valid].mean(0)
+    std = np.sqrt(((features[:valid] - mean) ** 2).sum(0) / (valid - 1))
+    features = (features - mean) / (std + NEMO_STD_EPSILON)
+    features[valid:] = 0.0
+    return features.astype(np.float32)

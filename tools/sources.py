@@ -1,7 +1,8 @@
 """Build the torch module an entry's `source` section names, from an allow-list of kinds.
 
-Only classes that transformers lists in its own auto registry, or names that timm lists, can be built:
-a JSON-only contribution never runs code of its own, and remote code is never trusted.
+Only classes that transformers lists in its own auto registry, names that timm lists, or families this
+repository defines (tools/families) can be built: a JSON-only contribution never runs code of its own, and
+remote code is never trusted.
 """
 from __future__ import annotations
 
@@ -70,7 +71,26 @@ def _build_timm(entry: Entry):
         raise EntryError(entry.path, "$.source.config", f"timm.create_model({name!r}) rejects it: {exc}") from None
 
 
-BUILDERS = {"transformers": _build_transformers, "timm": _build_timm}
+def _build_zoo(entry: Entry):
+    from tools.families import REGISTRY
+
+    spec = entry.data["source"]
+    family = REGISTRY.get(spec["family"])
+    if family is None:
+        raise EntryError(entry.path, "$.source.family", f"{spec['family']!r} is not a zoo family; families: {sorted(REGISTRY)}")
+    module = family.load()
+    config = spec.get("config", {})
+    for key in config:
+        if key not in module.CONFIG_KEYS:
+            raise EntryError(entry.path, f"$.source.config.{key}",
+                             f"family {family.name!r} has no setting {key!r}; settings: {sorted(module.CONFIG_KEYS)}")
+    try:
+        return module.build(config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EntryError(entry.path, "$.source.config", f"family {family.name!r} rejects it: {exc}") from None
+
+
+BUILDERS = {"transformers": _build_transformers, "timm": _build_timm, "zoo": _build_zoo}
 
 
 def build_module(entry: Entry):

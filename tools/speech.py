@@ -1,4 +1,7 @@
-"""Real speech for validation, calibration and tests: espeak-ng speaks a sentence, sox makes it 16 kHz mono."""
+"""Real speech for validation, calibration and tests: espeak-ng speaks a sentence, sox makes it 16 kHz mono.
+
+The same sentence gives the same samples on every run (no dither), so that the stages that speak it again agree.
+"""
 from __future__ import annotations
 
 import subprocess
@@ -27,6 +30,8 @@ def speak(text: str, path: Path | str, voice: str = "en-us", words_per_minute: i
         raw = Path(tmp) / "espeak.wav"
         subprocess.run(["espeak-ng", "-v", voice, "-s", str(words_per_minute), "-w", str(raw), text],
                        check=True, capture_output=True)
-        subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(path)],
+        # -D: no dither. sox dithers by default when it writes 16-bit samples, so the same sentence would differ
+        # by a bit or two on each run, and silence normalised per band (NeMo features) magnifies that.
+        subprocess.run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(path)],
                        check=True, capture_output=True)
     return read_wav(path)

@@ -1,8 +1,8 @@
 """Resolve an entry's trained weights to a local file, verify it, and load it into the torch module.
 
 Sources: a hub repo at a pinned commit, a URL with its sha256, a local path, or a file inside an installed
-registry package. Formats: safetensors, torch pickles opened with weights_only=True, or CTranslate2 model.bin read as
-plain tensors, so that a weights file can never run code. When the declared weights cannot be had, the build stops unless ZOO_WEIGHTS=random opts
+registry package. Formats: safetensors, torch pickles opened with weights_only=True, CTranslate2 model.bin read as
+plain tensors, or NeMo .nemo archives read in memory (tools/nemo.py), so that a weights file can never run code. When the declared weights cannot be had, the build stops unless ZOO_WEIGHTS=random opts
 in to random weights, and everything built that way says so.
 """
 from __future__ import annotations
@@ -120,6 +120,13 @@ def _read_state_dict(entry: Entry, path: Path) -> dict:
         try:
             _, state = read_model_bin(path)
         except CTranslate2FormatError as exc:
+            raise EntryError(entry.path, "$.weights.format", str(exc)) from None
+    elif spec["format"] == "nemo":
+        from tools.nemo import NemoFormatError, read_state_dict
+
+        try:
+            state = read_state_dict(path)
+        except NemoFormatError as exc:
             raise EntryError(entry.path, "$.weights.format", str(exc)) from None
     else:
         import pickle

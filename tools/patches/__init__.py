@@ -52,4 +52,4 @@ def apply_onnx_patches(model, names: list[str]) -> dict[str, int]:
     return made
 
 
-from tools.patches import dab_detr, deformable_detr, onnx_layout  # noqa: E402,F401  (registration)
+from tools.patches import conformer, dab_detr, deformable_detr, onnx_layout  # noqa: E402,F401  (registration)

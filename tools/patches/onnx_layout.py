@@ -92,3 +92,4 @@ def relu_maxpool_zero_padding(model) -> int:
         rewritten += 1
     _infer_shapes(model, rewritten)
     return rewritten
+

@@ -27,10 +27,10 @@ class Stage:
     after: tuple[str, ...] = ()  # stages that must have succeeded first, though it reads none of their files
     per_graph: bool = False      # runs once per graph of a split entry, in build/<id>/<graph>/
     split_needs: tuple[str, ...] = ()  # per graph of a split: files of the whole entry's folder it also reads
-    split_only: bool = False     # runs only for split entries (several graphs)
+    speech_only: bool = False    # runs only for speech entries (those that declare $.decoding)
 
     def applies_to(self, entry) -> bool:
-        if self.split_only and not entry.graphs:
+        if self.speech_only and "decoding" not in entry.data:
             return False
         return not self.int8_only or int8_enabled(entry)
 
@@ -92,7 +92,8 @@ def variant_files(entry) -> list[str]:
 
 def _expand(names: tuple[str, ...], entry) -> list[str]:
     """File names for this entry: 'model_{variant}.tflite' is one per INT8 variant; '{graph}/' is each graph's
-    folder of a split entry (nothing for a single-graph entry); '{split}' marks a file only split entries have.
+    folder of a split entry (nothing for a single-graph entry); '{split}' marks a file only split entries have,
+    '{speech}' one only speech entries have.
     Duplicates are dropped, order kept."""
     out = []
     for name in names:
@@ -100,6 +101,10 @@ def _expand(names: tuple[str, ...], entry) -> list[str]:
             if not entry.graphs:
                 continue
             name = name.removeprefix("{split}")
+        if name.startswith("{speech}"):  # a file only speech entries have
+            if "decoding" not in entry.data:
+                continue
+            name = name.removeprefix("{speech}")
         if name.startswith("{graph}/"):
             base = name.removeprefix("{graph}/")
             if entry.graphs and entry.graph is None:
@@ -121,7 +126,8 @@ STAGES = {s.name: s for s in [
           (), ("{graph}/model.onnx", "{graph}/reference.npz", "{graph}/export.json", "{split}tokenizer.json", "export.json"),
           env=("ZOO_WEIGHTS",),
           code=("tools/sources.py", "tools/weights.py", "tools/keymaps.py", "tools/inputs.py", "tools/speech.py",
-                "tools/logmel.py", "tools/patches/*.py", "tools/splits/*.py", "tools/whisper_runtime.py")),
+                "tools/logmel.py", "tools/patches/*.py", "tools/splits/*.py", "tools/families/*.py", "tools/nemo.py",
+                "tools/whisper_runtime.py", "tools/ctc_runtime.py")),
     Stage("simplify", "onnxsim, with its own check, then the entry's ONNX-graph patches", ("export.patches",),
           ("model.onnx",), ("model_sim.onnx", "simplify.json"), code=("tools/patches/*.py",), per_graph=True),
     Stage("convert", "onnx2tf -> fp32 .tflite with NHWC inputs, builtin ops only", ("export.converter",),
@@ -144,11 +150,11 @@ STAGES = {s.name: s for s in [
     Stage("speech", "whole-utterance transcripts from the ONNX and fp32 TFLite graphs against torch's: equal ids, word "
           "error rates, real-time factors; INT8 variants against fp32", ("validation", "decoding", "split", "quantization"),
           ("export.json", "{graph}/model.onnx", "{graph}/model_fp32.tflite", "{graph}/validation.json"), ("speech.json",),
-          split_only=True, needs_int8=("{graph}/model_{variant}.tflite",),
-          code=("tools/whisper_runtime.py", "tools/inputs.py", "tools/speech.py", "tools/logmel.py", "tools/stages/validate.py")),
+          speech_only=True, needs_int8=("{graph}/model_{variant}.tflite",),
+          code=("tools/whisper_runtime.py", "tools/ctc_runtime.py", "tools/inputs.py", "tools/speech.py", "tools/logmel.py", "tools/stages/validate.py")),
     Stage("card", "card.json (schema-checked) and card.md from the stage records", ALL_SECTIONS,
           ("export.json", "{graph}/export.json", "{graph}/simplify.json", "{graph}/convert.json",
            "{graph}/validation.json", "{graph}/model.onnx", "{graph}/model_sim.onnx", "{graph}/model_fp32.tflite",
-           "{graph}/npu.json", "{split}speech.json"), ("card.md", "card.json"), code=("tools/provenance.py",),
+           "{graph}/npu.json", "{speech}speech.json"), ("card.md", "card.json"), code=("tools/provenance.py",),
           needs_int8=("{graph}/quantize.json", "{graph}/fidelity.json", "{graph}/model_{variant}.tflite")),
 ]}

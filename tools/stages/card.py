@@ -77,14 +77,16 @@ def build_card(entry: Entry, build_dir: Path) -> dict:
         card.update(section, tools=tools)
     else:
         graphs = {g: _graph_section(entry.for_graph(g), build_dir / g, f"{g}/") for g in entry.graphs}
-        speech_record = json.loads((build_dir / "speech.json").read_text())
         card["tools"] = {**exported["tools"], **{k: v for g in graphs.values() for k, v in g.pop("tools").items()}}
         card["artifacts"] = [a for g in graphs.values() for a in g["artifacts"]]
         card["split"] = exported["split"]
         card["graphs"] = graphs
+        card["stages"] = export_cost
+    if "decoding" in entry.data:
+        speech_record = json.loads((build_dir / "speech.json").read_text())
         card["speech"] = {k: speech_record[k] for k in ("passed", "sentences", "audio_s", "trained_weights", "backends",
                                                         "known_failure") if k in speech_record}
-        card["stages"] = {**export_cost, "speech": {k: speech_record[k] for k in ("wall_s", "peak_rss_mib")}}
+        card["stages"]["speech"] = {k: speech_record[k] for k in ("wall_s", "peak_rss_mib")}
     jsonschema.Draft202012Validator(json.loads(CARD_SCHEMA.read_text())).validate(card)
     return card
 
@@ -97,7 +99,7 @@ def render_markdown(card: dict) -> str:
               f"({card['host']['machine']}, {card['host']['cpu_count']} cores).", ""]
     src = card["source"]
     lines += ["## Source and weights", "",
-              f"- Source: {src['kind']} `{src.get('class') or src.get('model')}`; config overrides: "
+              f"- Source: {src['kind']} `{src.get('class') or src.get('model') or src.get('family')}`; config overrides: "
               f"`{json.dumps(src.get('config', {}), sort_keys=True)}`",
               f"- Weights: **{w['kind']}**; declared: {w['declared']['kind']} "
               f"{w['declared'].get('url') or w['declared'].get('repo') or w['declared'].get('path') or w['declared'].get('package')}",
@@ -105,8 +107,9 @@ def render_markdown(card: dict) -> str:
               f"- sha256 loaded: `{w.get('sha256_loaded', 'none (random weights)')}`",
               f"- License: code {card['license']['code']}, weights {card['license']['weights']}"
               + ("" if card["license"].get("weights_commercial_use", True) else " (**non-commercial weights**)"), ""]
-    if "graphs" in card:
+    if "speech" in card:
         lines += _speech_markdown(card)
+    if "graphs" in card:
         for name, section in card["graphs"].items():
             lines += [f"## Graph `{name}`", ""] + _graph_markdown(section, "###")
     else:
@@ -156,20 +159,24 @@ def _speech_markdown(card: dict) -> list[str]:
     random_note = "" if sp["trained_weights"] else " (random weights: the words mean nothing; only agreement counts)"
     lines = ["## Transcripts (whole utterances, greedy, measured on the host above)", "",
              f"{len(sp['sentences'])} sentences spoken by espeak-ng, {sp['audio_s']} s of audio{random_note}. "
-             f"ONNX and fp32 TFLite token ids equal torch's, INT8 variants within the entry's word error rate of fp32: "
+             f"ONNX and fp32 TFLite label ids equal torch's, INT8 variants within the entry's word error rate of fp32: "
              f"**{'yes' if sp['passed'] else 'NO'}**" + (f" (known failure: {sp['known_failure']})" if "known_failure" in sp else "")
-             + ".", "",
-             "| backend | WER vs spoken | WER vs fp32 | encoder ms | cross K/V ms | decoder step ms | real-time factor |",
-             "|---|---|---|---|---|---|---|"]
+             + ".", ""]
+    timings = [k for k in ("forward_ms", "encoder_ms", "cross_kv_ms", "decoder_step_ms") if k in sp["backends"]["fp32"]]
+    names = {"forward_ms": "forward ms", "encoder_ms": "encoder ms", "cross_kv_ms": "cross K/V ms", "decoder_step_ms": "decoder step ms"}
+    lines += ["| backend | WER vs spoken | WER vs fp32 | " + " | ".join(names[k] for k in timings) + " | real-time factor |",
+              "|---|---|---|" + "---|" * len(timings) + "---|"]
     for name, b in sp["backends"].items():
         trial = " (trial: never gating, never published)" if b.get("trial") else ""
-        lines.append(f"| {name}: {b['runs']}{trial} | {b['wer_vs_spoken']} | {b.get('wer_vs_fp32', '')} | {b['encoder_ms']} | "
-                     f"{b['cross_kv_ms']} | {b['decoder_step_ms']} | {b['real_time_factor']} |")
+        lines.append(f"| {name}: {b['runs']}{trial} | {b['wer_vs_spoken']} | {b.get('wer_vs_fp32', '')} | "
+                     + " | ".join(str(b[k]) for k in timings) + f" | {b['real_time_factor']} |")
     int8 = [name for name in sp["backends"] if name not in ("onnx", "fp32", "torch")]
     lines += ["", "| sentence spoken | fp32 TFLite transcript |" + "".join(f" {n} |" for n in int8),
               "|---|---|" + "---|" * len(int8)]
     lines += ["| " + " | ".join([s, *(sp["backends"][b]["transcripts"][i] for b in ["fp32", *int8])]) + " |"
               for i, s in enumerate(sp["sentences"])]
+    if "split" not in card:
+        return lines + [""]
     split = card["split"]
     return lines + ["", f"Split `{split['name']}`: {split['summary']}.", ""]
 

@@ -5,6 +5,7 @@ later stages compare against torch without importing it again.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import onnx
 import torch
 
 from tools.atomic import atomic_path
-from tools.entry import Entry, EntryError
+from tools.entry import Entry, EntryError, decoding_kind
 from tools.inputs import validation_samples
 from tools.patches import REGISTRY, apply_patches
 from tools.sources import build_module, forward_arguments
@@ -67,10 +68,12 @@ def export(entry: Entry, build_dir: Path) -> dict:
     graph = GraphInterface(patched, entry).eval()
 
     samples = validation_samples(entry)
-    reference = {}
+    reference, forward_s = {}, []
     with torch.no_grad():
         for i, sample in enumerate(samples):
+            start = time.perf_counter()
             outs = graph(*[torch.from_numpy(sample[n]) for n in input_names])
+            forward_s.append(time.perf_counter() - start)
             for name in input_names:
                 reference[f"{i}/input/{name}"] = sample[name]
             for name, value in zip(output_names, outs):
@@ -78,17 +81,46 @@ def export(entry: Entry, build_dir: Path) -> dict:
         model = _write_onnx(graph, tuple(torch.from_numpy(samples[0][n]) for n in input_names), input_names,
                             output_names, entry, build_dir)
     _write_reference(reference, build_dir)
-    return {
+    validation = entry.data["validation"]
+    record = {
         "weights": weights,
         "patches": [{"name": n, "summary": REGISTRY[n].summary, "graph": REGISTRY[n].graph} for n in patch_names],
         "opset": entry.data["export"]["opset"],
         "exporter": EXPORTER,
         "inputs": {spec["name"]: spec["shape"] for spec in entry.data["inputs"]},
         "outputs": {n: list(reference[f"0/output/{n}"].shape) for n in output_names},
-        "samples": entry.data["validation"]["samples"],
+        "samples": validation.get("samples") or validation["sentences"],
         "onnx_nodes": len(model.graph.node),
         "parameters": int(sum(p.numel() for p in module.parameters())),
     }
+    if decoding_kind(entry.data) == "ctc_greedy":
+        record.update(_ctc_record(entry, build_dir, weights, [reference[f"{i}/output/{output_names[0]}"][0]
+                                                              for i in range(len(samples))], forward_s))
+    return record
+
+
+def _ctc_record(entry: Entry, build_dir: Path, weights: dict, logits: list, forward_s: list) -> dict:
+    """Torch's CTC transcripts (ids) and timings; the labels, read from the trained archive, into labels.json."""
+    from tools.atomic import write_json
+    from tools.ctc_runtime import greedy_ids
+    from tools.nemo import NemoFormatError, ctc_labels
+
+    blank = entry.data["decoding"]["blank"]
+    labels_file = build_dir / "labels.json"
+    labels = None
+    if weights["kind"] == "trained":
+        try:
+            labels = ctc_labels(Path(weights["path"]))
+        except NemoFormatError as exc:
+            raise EntryError(entry.path, "$.decoding.vocabulary", str(exc)) from None
+        if len(labels) + 1 != logits[0].shape[-1] or blank != len(labels):
+            raise EntryError(entry.path, "$.decoding.blank", f"the archive has {len(labels)} labels and the head "
+                             f"{logits[0].shape[-1]} outputs: the blank is id {len(labels)}, not {blank}")
+        write_json(labels_file, labels)
+    elif labels_file.exists():
+        labels_file.unlink()  # a trained build's labels: not these random weights'
+    return {"decoding": {"kind": "ctc_greedy", "blank": blank, "labels": len(labels) if labels else None},
+            "torch": {"decoded": [greedy_ids(x, blank) for x in logits], "timings": {"forward_s": forward_s}}}
 
 
 def _write_onnx(graph, example: tuple, input_names: list, output_names: list, entry: Entry, build_dir: Path):

@@ -26,7 +26,8 @@ def test_every_entry_validates(path):
         assert entry.data["source"]["class"] in _transformers_model_classes()
     weights = entry.data["weights"]
     assert weights["sha256"] is not None or len(weights["unpinned_reason"]) > 10
-    expected = {"image": [1, 3, 512, 512], "log_mel": [1, 80, 3000]}  # full size: what the cards and benchmarks use
+    # Full size: what the cards and benchmarks use (NeMo features: a 10 s window, 100 frames a second).
+    expected = {"image": [1, 3, 512, 512], "log_mel": [1, 80, 3000], "nemo_mel": [1, 1001, 80]}
     assert entry.data["inputs"][0]["shape"] == expected[entry.data["inputs"][0]["preprocess"]["kind"]]
 
 
@@ -141,3 +142,46 @@ def test_bad_speech_entry_gets_one_clear_error(tmp_path, case):
     error = _error_for(tmp_path, data, "whisper_tiny_en")
     assert error.json_path == json_path
     assert fragment in error.message
+
+
+def _ctc() -> dict:
+    return json.loads((ROOT / "zoo" / "conformer.json").read_text())
+
+
+CTC_BAD = {
+    "ctc entry with a split": (lambda d: d.__setitem__("split", {"name": "whisper_kv_cache", "max_tokens": 64}), "$.decoding.kind",
+                               "decodes with its decoder step"),
+    "labels from a file that is no .nemo": (lambda d: d["weights"].__setitem__("format", "safetensors"), "$.decoding.vocabulary",
+                                            "must be 'nemo'"),
+    "blank outside the labels": (lambda d: d["decoding"].__setitem__("blank", 129), "$.decoding.blank", "outside the 129 labels"),
+    "whisper features into a ctc model": (lambda d: d["inputs"][0].update(
+        shape=[1, 80, 3000], layout="NCT", preprocess={"kind": "log_mel", "n_mels": 80}), "$.inputs", "one nemo_mel input"),
+    "nemo features laid out like whisper's": (lambda d: d["inputs"][0].update(layout="NCT"), "$.inputs[0]", "laid out NTC"),
+    "speech without decoding": (lambda d: d.pop("decoding"), "$.decoding", "declares how its output becomes words"),
+    "whisper decoding without a split": (lambda d: d.__setitem__("decoding", _speech()["decoding"]), "$.decoding.kind",
+                                         "needs the decoder step of a split"),
+    "unknown zoo family": (lambda d: d["source"].__setitem__("family", "lstm_ctc"), "$.source.family", "is not one of"),
+    "zoo family under a transformers source": (lambda d: d["source"].__setitem__("kind", "transformers"), "$.source", ""),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CTC_BAD))
+def test_bad_ctc_entry_gets_one_clear_error(tmp_path, case):
+    mutate, json_path, fragment = CTC_BAD[case]
+    data = _ctc()
+    mutate(data)
+    error = _error_for(tmp_path, data, "conformer")
+    assert error.json_path == json_path
+    assert fragment in error.message
+
+
+def test_zoo_family_setting_it_does_not_have_is_named(tmp_path):
+    from tools.sources import build_module
+
+    data = _ctc()
+    data["source"]["config"]["hidden_dim"] = 176
+    path = tmp_path / "conformer.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(EntryError) as error:
+        build_module(load_entry(path))
+    assert error.value.json_path == "$.source.config.hidden_dim" and "hidden_size" in error.value.message

@@ -155,8 +155,8 @@ def _cross_field_checks(path: Path, data: dict) -> None:
         if stage not in data["tolerances"]:
             raise EntryError(path, f"$.tolerances.{stage}",
                              f"the {stage} stage runs for every entry, so it needs a tolerance: {{\"atol\": ..., \"rtol\": ...}}")
-    _quantization_checks(path, data)
     _split_checks(path, data)
+    _quantization_checks(path, data)
     from tools import patches  # local import: the registry imports torch lazily, names only here
 
     for i, name in enumerate(data["export"].get("patches", [])):

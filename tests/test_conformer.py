@@ -264,3 +264,22 @@ def test_transcribe_runs_the_ctc_graph_without_torch(tiny_build, tmp_path):
     subprocess.run(["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(tmp_path / "long.wav"), "trim", "0", "5"], check=True)
     proc = _transcribe(out, tmp_path / "long.wav")
     assert proc.returncode == 0 and "hears its first 4.0 s" in proc.stderr
+
+
+def test_published_ctc_model_is_fetched_and_transcribes_without_torch(tiny_build, tmp_path):
+    from test_whisper import _transcribe
+    from tools import fetch, publish
+    from tools.speech import speak
+
+    run, _ = tiny_build
+    dist = tmp_path / "dist"
+    record = publish.publish("cf_tiny", run.build, dist, run.zoo)
+    assert list(record["variants"]) == ["fp32", "onnx"], "the trial INT8 variant is never published"
+    assert [f["name"] for f in record["variants"]["fp32"]["files"]] == ["model_fp32.tflite", "export.json", "labels.json"]
+    out = tmp_path / "models"
+    assert fetch.main(["cf_tiny", "--index", str(dist / "index.json"), "-o", str(out), "--retries", "0"]) == 0
+    speech = json.loads((run.build / "cf_tiny" / "speech.json").read_text())
+    speak(speech["sentences"][0], tmp_path / "s.wav")
+    proc = _transcribe(out / "cf_tiny", tmp_path / "s.wav")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == speech["backends"]["fp32"]["transcripts"][0]

@@ -123,8 +123,8 @@ def test_relative_url_is_resolved_against_the_index(tmp_path, mirror):
     assert (tmp_path / "out" / "tiny_model" / "model.tflite").read_bytes() == PAYLOAD
 
 
-@pytest.mark.parametrize("name", ["../escaped.tflite", "/tmp/escaped.tflite", "sub/escaped.tflite", "..", ".hidden",
-                                  "a\\..\\escaped"])
+@pytest.mark.parametrize("name", ["../escaped.tflite", "/tmp/escaped.tflite", "sub/../../escaped.tflite", "..", ".hidden",
+                                  "a\\..\\escaped", "a/b/escaped.tflite", "sub/.hidden", "sub/", "/escaped"])
 def test_names_from_the_index_cannot_leave_the_output_folder(tmp_path, mirror, capsys, name):
     index = _index(tmp_path, [_record(name, PAYLOAD, [f"{mirror.url}/model.tflite"])])
     assert _fetch(index, tmp_path / "out", mirror) == 1
@@ -139,6 +139,20 @@ def test_symlinked_entry_folder_is_refused(tmp_path, mirror, capsys):
     (tmp_path / "out" / "tiny_model").symlink_to(outside)
     index = _index(tmp_path, [_record("model.tflite", PAYLOAD, [f"{mirror.url}/model.tflite"])])
     assert _fetch(index, tmp_path / "out", mirror) == 1
+    assert "refusing to write through the symbolic link" in capsys.readouterr().err
+    assert not list(outside.iterdir())
+
+
+def test_a_graph_folder_name_lands_in_its_folder_and_a_symlinked_one_is_refused(tmp_path, mirror, capsys):
+    index = _index(tmp_path, [_record("encoder/model.tflite", PAYLOAD, [f"{mirror.url}/model.tflite"])])
+    assert _fetch(index, tmp_path / "out", mirror) == 0
+    assert (tmp_path / "out" / "tiny_model" / "encoder" / "model.tflite").read_bytes() == PAYLOAD
+    assert not list((tmp_path / "out" / "tiny_model" / "encoder").glob(".*")), "no partial file left"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (tmp_path / "out2" / "tiny_model").mkdir(parents=True)
+    (tmp_path / "out2" / "tiny_model" / "encoder").symlink_to(outside)
+    assert _fetch(index, tmp_path / "out2", mirror) == 1
     assert "refusing to write through the symbolic link" in capsys.readouterr().err
     assert not list(outside.iterdir())
 

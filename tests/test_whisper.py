@@ -329,3 +329,26 @@ def test_real_weights_transcribe_espeak_speech_through_the_fp32_tflite_graphs(re
     proc = _transcribe(out, tmp_path / "s.wav")
     assert proc.returncode == 0, proc.stderr
     assert word_errors(sentence, proc.stdout) == (0, 9), proc.stdout
+
+
+def test_real_build_publishes_per_graph_and_transcribes_after_fetch(real_build, tmp_path):
+    from tools import fetch, publish
+
+    dist = tmp_path / "dist"
+    record = publish.publish("wt_real", real_build.build, dist, real_build.zoo)
+    assert list(record["variants"]) == ["fp32", "onnx"], "no INT8 variant was built"
+    names = [f["name"] for f in record["variants"]["fp32"]["files"]]
+    assert names == [f"{g}/model_fp32.tflite" for g in GRAPHS] + ["export.json", "tokenizer.json"]
+    ignored = (dist / "wt_real" / ".gitignore").read_text().splitlines()[1:]
+    assert "encoder/model_fp32.tflite" in ignored and "decoder_step/model_fp32.tflite" in ignored
+    assert "cross_kv/model_fp32.tflite" not in ignored, "4.7 MB: under the git limit"
+    sums = (dist / "wt_real" / "SHA256SUMS").read_text()
+    assert "  cross_kv/model_fp32.tflite\n" in sums and "  tokenizer.json\n" in sums
+    out = tmp_path / "models"
+    assert fetch.main(["wt_real", "--index", str(dist / "index.json"), "-o", str(out), "--retries", "0"]) == 0
+    from tools.speech import speak
+
+    speak("Open the window and let the fresh air in.", tmp_path / "s.wav")
+    fetched, built = _transcribe(out / "wt_real", tmp_path / "s.wav"), _transcribe(real_build.build / "wt_real", tmp_path / "s.wav")
+    assert fetched.returncode == 0, fetched.stderr
+    assert fetched.stdout == built.stdout

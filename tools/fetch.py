@@ -76,15 +76,17 @@ def _open(url: str, context: ssl.SSLContext, timeout: float, headers: dict | Non
 
 
 def safe_target(out_dir: Path, entry_id: str, name: str) -> Path:
-    """out_dir/entry_id/name, refusing any name that could land outside out_dir."""
+    """out_dir/entry_id/name, refusing any name that could land outside out_dir. A name is a plain file name, or
+    a graph's folder and a file name ('encoder/model_fp32.tflite', for a model that runs as several graphs)."""
     if not ID_PATTERN.match(entry_id):
         raise FetchError(f"refusing entry id {entry_id!r}: ids are lower-case letters, digits and '_'")
-    if not NAME_PATTERN.match(name) or name in (".", ".."):
-        raise FetchError(f"refusing file name {name!r} from the index: a name is one plain path component "
-                         "(no '/', '\\', '..' or leading '.')")
+    parts = name.split("/")
+    if len(parts) > 2 or not all(NAME_PATTERN.match(part) for part in parts):
+        raise FetchError(f"refusing file name {name!r} from the index: a name is a plain file name, or one plain "
+                         "folder and a file name (no '\\', '..', leading '.' or deeper paths)")
     root = out_dir.resolve()
     folder = out_dir / entry_id
-    for path in (folder, folder / name):
+    for path in (folder, folder / parts[0], folder / name):
         if path.is_symlink():
             raise FetchError(f"refusing to write through the symbolic link {path}")
     target = (folder / name).resolve()
@@ -164,7 +166,7 @@ def fetch_file(record: dict, target: Path, index_url: str, context: ssl.SSLConte
     for url in urls:
         _check_scheme(url, allow_http)
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f".{name}.part")
+    part = target.with_name(f".{target.name}.part")
     progress = Progress(name, size)
     errors: list[str] = []
     for url in urls:

@@ -26,14 +26,28 @@ from tools.weights import sha256_of
 
 GIT_SIZE_LIMIT = 16 * 1024 * 1024
 INDEX_SCHEMA = ROOT / "schema" / "dist-index.schema.json"
-# Published variant -> the artifact that holds it; each INT8 variant of the card joins under its own name.
-VARIANTS = {"fp32": "model_fp32.tflite", "onnx": "model.onnx"}
+# What a speech entry's runtime reads besides its graphs (tools/transcribe.py): shapes and decoding settings,
+# and the tokenizer (Whisper) or the CTC labels. Published with every variant.
+SPEECH_RUNTIME = ("export.json", "tokenizer.json", "labels.json")
 
 
 def _variant_files(card: dict) -> dict:
-    """Variant name -> file, INT8 variants first: the first is the index's default (the NPU runs INT8 only)."""
-    int8 = {name: v["file"] for name, v in card.get("quantization", {}).get("variants", {}).items()}
-    return {**int8, **VARIANTS}
+    """Variant name -> the build files it is made of, INT8 variants first: the first is the index's default (the
+    NPU runs INT8 only). A trial INT8 variant is never published. A split entry's variant is one file per graph
+    (an INT8 variant runs its fp32 .tflite for the graphs it leaves float)."""
+    if "graphs" in card:
+        built = {a["path"] for a in card["artifacts"]}
+        int8 = [name for name, b in card["speech"]["backends"].items() if "passed" in b and not b.get("trial")]
+        files = {name: [f"{g}/model_{name}.tflite" if f"{g}/model_{name}.tflite" in built else f"{g}/model_fp32.tflite"
+                        for g in card["graphs"]] for name in int8}
+        return {**files, "fp32": [f"{g}/model_fp32.tflite" for g in card["graphs"]], "onnx": [f"{g}/model.onnx" for g in card["graphs"]]}
+    trials = {name for name, v in card.get("fidelity", {}).get("variants", {}).items() if v.get("trial")}
+    int8 = {name: [v["file"]] for name, v in card.get("quantization", {}).get("variants", {}).items() if name not in trials}
+    return {**int8, "fp32": ["model_fp32.tflite"], "onnx": ["model.onnx"]}
+
+
+def _runtime_files(card: dict, build_dir: Path) -> list[str]:
+    return [name for name in SPEECH_RUNTIME if "speech" in card and (build_dir / name).is_file()]
 
 
 class PublishError(RuntimeError):
@@ -45,10 +59,14 @@ def _refusals(card: dict, entry, build_dir: Path) -> list[str]:
     if card["weights"]["kind"] != "trained":
         problems.append("it was built from random weights (card.json weights.kind = "
                         f"{card['weights']['kind']!r}); random-weight builds are never published")
-    if not card["validation"]["passed"]:
-        problems.append("its validation failed (card.json validation.passed = false)")
-    if card.get("fidelity", {}).get("passed") is False:
-        problems.append("its INT8 fidelity gate failed (card.json fidelity.passed = false)")
+    for where, section in card.get("graphs", {"": card}).items():
+        prefix = f"graphs.{where}." if where else ""
+        if not section["validation"]["passed"]:
+            problems.append(f"its validation failed (card.json {prefix}validation.passed = false)")
+        if section.get("fidelity", {}).get("passed") is False:
+            problems.append(f"its INT8 fidelity gate failed (card.json {prefix}fidelity.passed = false)")
+    if card.get("speech", {}).get("passed") is False:
+        problems.append("its transcripts disagree with torch's or an INT8 variant lost words (card.json speech.passed = false)")
     for artifact in card["artifacts"]:
         path = build_dir / artifact["path"]
         if not path.is_file() or sha256_of(path) != artifact["sha256"]:
@@ -66,10 +84,12 @@ def _mirror_urls(dist_dir: Path, entry_id: str, name: str, sha256: str) -> list[
     return [f"{entry_id}/{name}"] + [t.format(id=entry_id, name=name, sha256=sha256) for t in templates]
 
 
-def _file_record(dist_dir: Path, entry_id: str, path: Path) -> dict:
+def _file_record(dist_dir: Path, entry_id: str, name: str) -> dict:
+    """A published file, by its name in dist/<id>/ ('model_fp32.tflite', or 'encoder/model_fp32.tflite' for a
+    graph of a split entry)."""
+    path = dist_dir / entry_id / name
     sha = sha256_of(path)
-    return {"name": path.name, "bytes": path.stat().st_size, "sha256": sha,
-            "urls": _mirror_urls(dist_dir, entry_id, path.name, sha)}
+    return {"name": name, "bytes": path.stat().st_size, "sha256": sha, "urls": _mirror_urls(dist_dir, entry_id, name, sha)}
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -79,12 +99,12 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
 
 
-def index_entry(card: dict, dist_dir: Path) -> dict:
+def index_entry(card: dict, dist_dir: Path, runtime: list[str]) -> dict:
     entry_id = card["id"]
-    folder = dist_dir / entry_id
     built = {a["path"] for a in card["artifacts"]}
-    variants = {v: {"files": [_file_record(dist_dir, entry_id, folder / f)]} for v, f in _variant_files(card).items() if f in built}
-    documents = [_file_record(dist_dir, entry_id, folder / n) for n in ("card.md", "card.json", "provenance.json")]
+    variants = {v: {"files": [_file_record(dist_dir, entry_id, f) for f in [*files, *runtime]]}
+                for v, files in _variant_files(card).items() if set(files) <= built}
+    documents = [_file_record(dist_dir, entry_id, n) for n in ("card.md", "card.json", "provenance.json")]
     weights = card["weights"]
     return {
         "title": card["title"],
@@ -121,15 +141,19 @@ def publish(entry_id: str, build_root: Path, dist_dir: Path, zoo_dir: Path) -> d
         raise PublishError(f"refusing to publish {entry_id}: " + "; ".join(problems))
     folder = dist_dir / entry_id
     built = {a["path"] for a in card["artifacts"]}
-    for name in [f for f in _variant_files(card).values() if f in built] + ["card.md", "card.json"]:
+    runtime = _runtime_files(card, build_dir)
+    graph_files = {f for files in _variant_files(card).values() if set(files) <= built for f in files}
+    for name in sorted(graph_files) + runtime + ["card.md", "card.json"]:
         _copy(build_dir / name, folder / name)
     write_json(folder / "provenance.json", {
         "id": entry_id, "built": card["generated"], "host": card["host"], "weights": card["weights"],
-        "source": card["source"], "export": card["export"], "tools": card["tools"], "provenance": card["provenance"]})
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != "SHA256SUMS")
+        "source": card["source"], "export": card.get("export") or {g: s["export"] for g, s in card["graphs"].items()},
+        "tools": card["tools"], "provenance": card["provenance"]})
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                   if p.is_file() and not p.name.startswith(".") and p.name != "SHA256SUMS")
     with atomic_path(folder / "SHA256SUMS") as tmp:
-        tmp.write_text("".join(f"{sha256_of(p)}  {p.name}\n" for p in files))
-    big = [p.name for p in files if p.stat().st_size > GIT_SIZE_LIMIT]
+        tmp.write_text("".join(f"{sha256_of(folder / name)}  {name}\n" for name in files))
+    big = [name for name in files if (folder / name).stat().st_size > GIT_SIZE_LIMIT]
     ignore = folder / ".gitignore"
     if big:
         with atomic_path(ignore) as tmp:
@@ -137,7 +161,7 @@ def publish(entry_id: str, build_root: Path, dist_dir: Path, zoo_dir: Path) -> d
     elif ignore.exists():
         ignore.unlink()
     index = read_index(dist_dir)
-    index["entries"][entry_id] = index_entry(card, dist_dir)
+    index["entries"][entry_id] = index_entry(card, dist_dir, runtime)
     index["entries"] = dict(sorted(index["entries"].items()))
     jsonschema.Draft202012Validator(json.loads(INDEX_SCHEMA.read_text())).validate(index)
     write_json(dist_dir / "index.json", index)

@@ -43,7 +43,7 @@ class Conv2dConvolutionModule(nn.Module):
         x = hidden_states.transpose(1, 2)[:, :, None, :]
         x = nn.functional.glu(self.pointwise_conv1(x), dim=1)
         x = self.pointwise_conv2(self.activation(self.norm(self.depthwise_conv(x))))
-        return x[:, :, 0, :].transpose(1, 2)
+        return x.squeeze(2).transpose(1, 2)  # a reshape; indexing [:, :, 0] converts to a GATHER
 
 
 @register("conformer_conv_module_as_conv2d", applies_to=("ParakeetForCTC",))

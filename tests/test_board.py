@@ -1,0 +1,146 @@
+"""tools/board.py against a real SSH server on loopback (OpenSSH's sshd, started here with its own keys): the
+runner is copied over, runs the model on this machine's LiteRT (no VX delegate here: CPU only), and its record
+comes back. The adb path shares the runner; without a device its command lines and errors are checked.
+"""
+from __future__ import annotations
+
+import getpass
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from tools import board
+from tools.board_runner import parse_benchmark_model
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if not os.path.exists(SSHD):
+        pytest.skip("OpenSSH's sshd is not installed (scripts/setup.sh installs openssh-server)")
+    home = tmp_path_factory.mktemp("sshd")
+    for key in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / key)], check=True)
+    (home / "authorized_keys").write_text((home / "client_key.pub").read_text())
+    port = _free_port()
+    (home / "sshd_config").write_text("\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {home / 'host_key'}", f"PidFile {home / 'sshd.pid'}",
+        f"AuthorizedKeysFile {home / 'authorized_keys'}", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", ""]))
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
+    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(home / "sshd_config")], stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if server.poll() is not None:
+                pytest.fail(f"sshd did not start: {server.stderr.read()}")
+            time.sleep(0.1)
+    env = {"ZOO_SSH_OPTIONS": f"-i {home / 'client_key'} -o UserKnownHostsFile={home / 'known_hosts'} "
+                              "-o StrictHostKeyChecking=accept-new",
+           "ZOO_TARGET_PYTHON": sys.executable}  # the 'board's' Python: this one, which has LiteRT
+    yield f"ssh://{getpass.getuser()}@127.0.0.1:{port}", env
+    server.terminate()
+    server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tiny_tflite(tmp_path_factory):
+    """A real .tflite: two dense layers, converted by TensorFlow here."""
+    import tensorflow as tf
+
+    weights = tf.random.stateless_normal((64, 64), seed=(1, 2))
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 64), tf.float32)])
+    def model(x):
+        return tf.nn.relu(x @ weights) @ weights
+
+    path = tmp_path_factory.mktemp("tflite") / "tiny.tflite"
+    path.write_bytes(tf.lite.TFLiteConverter.from_concrete_functions([model.get_concrete_function()], model).convert())
+    return path
+
+
+def test_model_runs_on_the_ssh_target_and_its_record_comes_back(sshd, tiny_tflite, tmp_path, monkeypatch):
+    url, env = sshd
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    before = set(glob.glob("/tmp/zoo-board.*"))
+    out = tmp_path / "board.json"
+    assert board.main([str(tiny_tflite), "--target", url, "--runs", "7", "--threads", "2", "-o", str(out)]) == 0
+    import json
+
+    record = json.loads(out.read_text())
+    assert record["kind"] == "measured" and record["target"] == url
+    assert record["where"]["kernel"] == os.uname().release and record["where"]["runtimes"]
+    assert record["artifacts"] == {"tiny.tflite": board.sha256_of(tiny_tflite)}
+    placements = record["results"]["tiny.tflite"]
+    assert set(placements) == {"cpu"}, "no VX delegate on this machine: the CPU only"
+    cpu = placements["cpu"]
+    assert cpu["runner"] in ("tflite_runtime", "ai_edge_litert") and cpu["threads"] == 2 and cpu["delegate"] is None
+    assert cpu["steady"]["runs"] == 7 and 0 < cpu["steady"]["min_ms"] <= cpu["steady"]["p50_ms"] <= cpu["steady"]["p90_ms"]
+    assert cpu["init_ms"] > 0 and cpu["first_ms"] > 0
+    assert set(glob.glob("/tmp/zoo-board.*")) == before, "the work folder on the board is removed"
+
+
+def test_unreachable_board_and_bad_targets_are_one_line_errors(sshd, tiny_tflite, monkeypatch, capsys):
+    url, env = sshd
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    wrong_port = url.rsplit(":", 1)[0] + f":{_free_port()}"
+    assert board.main([str(tiny_tflite), "--target", wrong_port, "--runs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: making a work folder on ssh://") and "exit 255" in err and "Traceback" not in err
+    assert board.main([str(tiny_tflite), "--target", "scp://board"]) == 1
+    assert "expected ssh://user@host[:port] or adb://SERIAL" in capsys.readouterr().err
+    monkeypatch.delenv("ZOO_TARGET", raising=False)
+    assert board.main([str(tiny_tflite)]) == 1
+    assert "no target: set ZOO_TARGET" in capsys.readouterr().err
+
+
+def test_adb_target_pushes_and_runs_through_adb_shell(tiny_tflite, monkeypatch, capsys):
+    target = board.Target.parse("adb://8MP0001")
+    transport = board.Transport(target)
+    assert transport.shell_command("uname -a") == ["adb", "-s", "8MP0001", "shell", "uname -a"]
+    assert transport.copy_commands([tiny_tflite], "/data/local/tmp/x") == [
+        (["adb", "-s", "8MP0001", "push", str(tiny_tflite), "/data/local/tmp/x/"], None)]
+    monkeypatch.setenv("PATH", "/nonexistent")  # no adb on this machine: a clear error, not a traceback
+    assert board.main([str(tiny_tflite), "--target", "adb://8MP0001"]) == 1
+    assert "adb is not installed on this machine" in capsys.readouterr().err
+
+
+def test_runner_reads_benchmark_model_output():
+    # The lines benchmark_model prints (tensorflow/lite/tools/benchmark, as the facts file quotes them).
+    output = """INFO: Initialized session in 11.237ms.
+INFO: count=1 first=1854321 curr=1854321 min=1854321 max=1854321 avg=1.85432e+06 std=0
+INFO: count=50 first=10412 curr=10230 min=10105 max=11020 avg=10321.5 std=180 p5=10150 median=10300 p95=10700
+INFO: Inference timings in us: Init: 11237, First inference: 1854321, Warmup (avg): 1.85432e+06, Inference (avg): 10321.5
+"""
+    parsed = parse_benchmark_model(output)
+    assert parsed["init_ms"] == 11.237 and parsed["first_ms"] == 1854.321
+    assert parsed["steady"] == {"runs": 50, "mean_ms": 10.322, "std_ms": 0.18, "min_ms": 10.105, "p50_ms": 10.3, "p95_ms": 10.7}
+    with pytest.raises(ValueError):
+        parse_benchmark_model("ERROR: Failed to verify graph")
+
+
+def test_runner_runs_alone_on_the_board_side(tiny_tflite):
+    """board_runner.py is copied as one file: it imports nothing from this repository."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "board_runner.py"), str(tiny_tflite), "--runs", "3"],
+                          cwd=tiny_tflite.parent, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert '"cpu"' in proc.stdout and '"runs": 3' in proc.stdout

@@ -155,7 +155,7 @@ def _cross_field_checks(path: Path, data: dict) -> None:
         if stage not in data["tolerances"]:
             raise EntryError(path, f"$.tolerances.{stage}",
                              f"the {stage} stage runs for every entry, so it needs a tolerance: {{\"atol\": ..., \"rtol\": ...}}")
-    _split_checks(path, data)
+    _decoding_checks(path, data)
     _quantization_checks(path, data)
     from tools import patches  # local import: the registry imports torch lazily, names only here
 
@@ -175,7 +175,8 @@ def _cross_field_checks(path: Path, data: dict) -> None:
                              f"unknown key map {key_map!r}; registered: {sorted(keymaps.REGISTRY)}")
 
 
-def _split_checks(path: Path, data: dict) -> None:
+def _decoding_checks(path: Path, data: dict) -> None:
+    """A speech entry's decoding: a split's decoder step (Whisper), or greedy CTC over one graph."""
     from tools.splits import REGISTRY
 
     if is_speech(data) != ("decoding" in data):

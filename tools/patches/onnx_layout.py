@@ -92,4 +92,3 @@ def relu_maxpool_zero_padding(model) -> int:
         rewritten += 1
     _infer_shapes(model, rewritten)
     return rewritten
-

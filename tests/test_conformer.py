@@ -245,8 +245,12 @@ def test_tiny_build_transcribes_with_the_archive_labels_and_the_card_shows_it(ti
     card = json.loads((out / "card.json").read_text())
     jsonschema.validate(card, json.loads((ROOT / "schema" / "card.schema.json").read_text()))
     assert card["speech"]["passed"] and card["export"]["patches"][0]["name"] == "conformer_conv_module_as_conv2d"
+    estimate = card["npu"]["estimates"]["model_int8_pc.tflite"]["lf-6.6"]
+    assert estimate["label"] == "estimated, not measured" and estimate["npu"]["range_ms"][0] < estimate["npu"]["ms"]
+    assert "model_fp32.tflite" not in card["npu"]["estimates"], "the cost model was fitted on int8 graphs only"
     markdown = (out / "card.md").read_text()
     assert "forward ms" in markdown and texts[0] in markdown and "trial" in markdown
+    assert "8MP latency: estimated, not measured" in markdown
 
 
 def test_transcribe_runs_the_ctc_graph_without_torch(tiny_build, tmp_path):

@@ -147,3 +147,28 @@ def test_cli_prints_the_summary_and_names_bad_arguments(tmp_path):
     assert missing.returncode == 1 and "nope.tflite: no such file" in missing.stderr
     bad = run(str(path), "--bsp", "lf-4.0")
     assert bad.returncode == 1 and "unknown BSP 'lf-4.0'; the rules know ['lf-5.15', 'lf-6.6']" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny_resnet8_cifar_32", "ds_cnn_kws"])
+def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
+    """The 8MP estimate of a model the cost model was fitted on: the MACs the estimate sums by class from the
+    placement are those the fit read, so it reproduces the fit's own prediction, within its stated range of
+    the published latency."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fit_cost_model as bench
+
+    from tools.estimate import estimate, load_model
+
+    path = bench.int8_tflite(bench.build(name), tmp_path / f"{name}.tflite")
+    model = load_model()
+    result = estimate(analyse(path)["ops"], model)
+    row = bench.features(path)
+    for target, key in (("npu", "npu"), ("cpu", "cpu_4_threads")):
+        c = model[target]["coefficients"]
+        fitted = c["overhead_ms"] + row["dense_macs"] / 1e6 * c["ms_per_m_dense_macs"] + row["depthwise_macs"] / 1e6 * c["ms_per_m_depthwise_macs"]
+        assert result[key]["ms"] == pytest.approx(fitted, abs=0.01)
+        published = bench.PUBLISHED[name][0 if target == "npu" else 1]
+        low, high = result[key]["range_ms"]
+        assert low <= result[key]["ms"] <= high and low / 1.5 <= published <= high * 1.5
+    assert result["label"] == "estimated, not measured" and result["cpu_fallback_macs"] == 0
+    assert set(model["npu"]["loo_relative_errors"]) == set(bench.PUBLISHED), "the committed fit covers every published model"

@@ -146,7 +146,8 @@ STAGES = {s.name: s for s in [
           int8_only=True, code=("tools/metrics.py", "tools/stages/validate.py"), per_graph=True),
     Stage("npu", "VX-delegate placement of every .tflite: ops and MACs on the NPU, partitions, every fallback and why",
           (), ("model_fp32.tflite", "model_{variant}.tflite"), ("npu.json",),
-          code=("tools/npu.py", "tools/data/vx_delegate_rules.json", "tools/tflite_graph.py"), per_graph=True),
+          code=("tools/npu.py", "tools/data/vx_delegate_rules.json", "tools/tflite_graph.py", "tools/estimate.py",
+                "tools/data/imx8mp_cost_model.json"), per_graph=True),
     Stage("speech", "whole-utterance transcripts from the ONNX and fp32 TFLite graphs against torch's: equal ids, word "
           "error rates, real-time factors; INT8 variants against fp32", ("validation", "decoding", "split", "quantization"),
           ("export.json", "{graph}/model.onnx", "{graph}/model_fp32.tflite", "{graph}/validation.json"), ("speech.json",),

@@ -42,7 +42,7 @@ def _graph_section(entry: Entry, folder: Path, prefix: str = "") -> dict:
         "validation": {k: rec["validation"][k] for k in ("passed", "samples", "stages")},
         "stages": {name: {"wall_s": rec[name]["wall_s"], "peak_rss_mib": rec[name]["peak_rss_mib"]}
                    for name in stages if name != "export"},
-        "npu": {k: rec["npu"][k] for k in ("rules_source", "default_bsp", "graphs")},
+        "npu": {k: rec["npu"][k] for k in ("rules_source", "default_bsp", "graphs", "estimates")},
         "tools": {k: v for name in stages for k, v in rec[name].get("tools", {}).items()},
     }
     if int8_enabled(entry):
@@ -195,6 +195,22 @@ def _npu_markdown(npu: dict, h: str) -> list[str]:
         for bsp, r in by_bsp.items():
             for op, f in r["fallbacks"].items():
                 lines.append(f"- CPU fallback in {graph} ({bsp}): {op} x{f['count']}: " + "; ".join(f["reasons"]))
+    lines += _estimate_markdown(npu["estimates"], h) if npu["estimates"] else []
+    return lines
+
+
+def _estimate_markdown(estimates: dict, h: str) -> list[str]:
+    first = next(iter(next(iter(estimates.values())).values()))
+    band = lambda e: f"{e['ms']} ms ({e['range_ms'][0]}-{e['range_ms'][1]})"  # noqa: E731
+    lines = ["", f"{h} 8MP latency: estimated, not measured", "",
+             f"From the placement above and a cost model ({first['model']}). The range is where the published latency "
+             f"lay, relative to the leave-one-out prediction, over the fitted models (largest error: NPU "
+             f"{first['npu']['loo_max_abs']:.0%}, CPU {first['cpu_4_threads']['loo_max_abs']:.0%}; median "
+             f"{first['npu']['loo_median_abs']:.0%} and {first['cpu_4_threads']['loo_median_abs']:.0%}). "
+             f"Not modelled: {', '.join(first['not_modelled'])}.", "",
+             "| graph | BSP | VX delegate (NPU, CPU for fallbacks) | CPU only, 4 threads |", "|---|---|---|---|"]
+    for graph, by_bsp in estimates.items():
+        lines += [f"| {graph} | {bsp} | {band(e['npu'])} | {band(e['cpu_4_threads'])} |" for bsp, e in by_bsp.items()]
     return lines
 
 

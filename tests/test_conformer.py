@@ -287,3 +287,23 @@ def test_published_ctc_model_is_fetched_and_transcribes_without_torch(tiny_build
     proc = _transcribe(out / "cf_tiny", tmp_path / "s.wav")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == speech["backends"]["fp32"]["transcripts"][0]
+
+
+@pytest.mark.parametrize("words_kept", [True, False])
+def test_a_released_int8_variant_is_published_only_if_it_kept_the_words(tiny_build, tmp_path, words_kept):
+    import shutil
+
+    from tools import publish
+
+    run, _ = tiny_build
+    build = tmp_path / "build"
+    shutil.copytree(run.build / "cf_tiny", build / "cf_tiny")
+    card_path = build / "cf_tiny" / "card.json"
+    card = json.loads(card_path.read_text())
+    card["fidelity"]["variants"]["int8_pc"].pop("trial")  # as if the entry released it
+    card["speech"]["backends"]["int8_pc"].pop("trial")
+    card["speech"]["backends"]["int8_pc"]["passed"] = words_kept  # lost words under a declared known failure
+    card_path.write_text(json.dumps(card))
+    record = publish.publish("cf_tiny", build, tmp_path / "dist", run.zoo)
+    assert ("int8_pc" in record["variants"]) == words_kept
+    assert record["default_variant"] == ("int8_pc" if words_kept else "fp32")

@@ -33,16 +33,19 @@ SPEECH_RUNTIME = ("export.json", "tokenizer.json", "labels.json")
 
 def _variant_files(card: dict) -> dict:
     """Variant name -> the build files it is made of, INT8 variants first: the first is the index's default (the
-    NPU runs INT8 only). A trial INT8 variant is never published. A split entry's variant is one file per graph
-    (an INT8 variant runs its fp32 .tflite for the graphs it leaves float)."""
+    NPU runs INT8 only). A trial INT8 variant is never published, nor one that lost words (a speech entry whose
+    INT8 failure is declared known still builds). A split entry's variant is one file per graph (an INT8
+    variant runs its fp32 .tflite for the graphs it leaves float)."""
+    speech = card.get("speech", {}).get("backends", {})
     if "graphs" in card:
         built = {a["path"] for a in card["artifacts"]}
-        int8 = [name for name, b in card["speech"]["backends"].items() if "passed" in b and not b.get("trial")]
+        int8 = [name for name, b in speech.items() if b.get("passed") is True and not b.get("trial")]
         files = {name: [f"{g}/model_{name}.tflite" if f"{g}/model_{name}.tflite" in built else f"{g}/model_fp32.tflite"
                         for g in card["graphs"]] for name in int8}
         return {**files, "fp32": [f"{g}/model_fp32.tflite" for g in card["graphs"]], "onnx": [f"{g}/model.onnx" for g in card["graphs"]]}
     trials = {name for name, v in card.get("fidelity", {}).get("variants", {}).items() if v.get("trial")}
-    int8 = {name: [v["file"]] for name, v in card.get("quantization", {}).get("variants", {}).items() if name not in trials}
+    int8 = {name: [v["file"]] for name, v in card.get("quantization", {}).get("variants", {}).items()
+            if name not in trials and speech.get(name, {}).get("passed") is not False}
     return {**int8, "fp32": ["model_fp32.tflite"], "onnx": ["model.onnx"]}
 
 

@@ -16,6 +16,7 @@ import jsonschema
 
 from tools.atomic import atomic_path, write_json
 from tools.entry import ROOT, Entry
+from tools.families import REGISTRY as FAMILIES
 from tools.provenance import provenance
 from tools.stages import int8_enabled, variant_files
 from tools.weights import sha256_of
@@ -99,7 +100,8 @@ def render_markdown(card: dict) -> str:
               f"({card['host']['machine']}, {card['host']['cpu_count']} cores).", ""]
     src = card["source"]
     lines += ["## Source and weights", "",
-              f"- Source: {src['kind']} `{src.get('class') or src.get('model') or src.get('family')}`; config overrides: "
+              f"- Source: {src['kind']} `{src.get('class') or src.get('model') or src.get('family')}`"
+              + (f" ({FAMILIES[src['family']].summary})" if "family" in src else "") + "; config overrides: "
               f"`{json.dumps(src.get('config', {}), sort_keys=True)}`",
               f"- Weights: **{w['kind']}**; declared: {w['declared']['kind']} "
               f"{w['declared'].get('url') or w['declared'].get('repo') or w['declared'].get('path') or w['declared'].get('package')}",

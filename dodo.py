@@ -87,6 +87,15 @@ def task_publish():
                "uptodate": [False], "verbosity": 2}
 
 
+def task_board():
+    """Measure a built entry's .tflite files on the board ZOO_TARGET names (ssh://user@host[:port] or adb://SERIAL)"""
+    for entry in ENTRIES:
+        yield {"name": entry.id, "doc": f"time {entry.id}'s graphs on the board (VX delegate and CPU) into board.json",
+               "actions": [[sys.executable, "-m", "tools.board", "--build", str(BUILD / entry.id),
+                            "-o", str(BUILD / entry.id / "board.json")]],
+               "uptodate": [False], "verbosity": 2}
+
+
 def task_fetch():
     """Download a published entry's default variant from dist/index.json into models/<id>/, verified"""
     for entry in ENTRIES:

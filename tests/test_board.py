@@ -98,6 +98,23 @@ def test_model_runs_on_the_ssh_target_and_its_record_comes_back(sshd, tiny_tflit
     assert set(glob.glob("/tmp/zoo-board.*")) == before, "the work folder on the board is removed"
 
 
+def test_a_build_folder_is_measured_with_each_graph_under_its_own_name(sshd, tiny_tflite, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    url, env = sshd
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    build = tmp_path / "split_build"
+    for graph in ("encoder", "decoder_step"):  # a split entry: the same file name in each graph's folder
+        (build / graph).mkdir(parents=True)
+        shutil.copy(tiny_tflite, build / graph / "model_fp32.tflite")
+    assert board.main(["--build", str(build), "--target", url, "--runs", "2", "-o", str(build / "board.json")]) == 0
+    record = json.loads((build / "board.json").read_text())
+    assert set(record["results"]) == set(record["artifacts"]) == {"decoder_step__model_fp32.tflite", "encoder__model_fp32.tflite"}
+    assert board.main(["--build", str(tmp_path / "nothing_built"), "--target", url]) == 1
+
+
 def test_unreachable_board_and_bad_targets_are_one_line_errors(sshd, tiny_tflite, monkeypatch, capsys):
     url, env = sshd
     for key, value in env.items():
@@ -117,8 +134,8 @@ def test_adb_target_pushes_and_runs_through_adb_shell(tiny_tflite, monkeypatch, 
     target = board.Target.parse("adb://8MP0001")
     transport = board.Transport(target)
     assert transport.shell_command("uname -a") == ["adb", "-s", "8MP0001", "shell", "uname -a"]
-    assert transport.copy_commands([tiny_tflite], "/data/local/tmp/x") == [
-        (["adb", "-s", "8MP0001", "push", str(tiny_tflite), "/data/local/tmp/x/"], None)]
+    assert transport.copy_command(tiny_tflite, "/data/local/tmp/x/tiny.tflite") == (
+        ["adb", "-s", "8MP0001", "push", str(tiny_tflite), "/data/local/tmp/x/tiny.tflite"], None)
     monkeypatch.setenv("PATH", "/nonexistent")  # no adb on this machine: a clear error, not a traceback
     assert board.main([str(tiny_tflite), "--target", "adb://8MP0001"]) == 1
     assert "adb is not installed on this machine" in capsys.readouterr().err

@@ -141,4 +141,4 @@ def test_published_model_is_fetched_back_from_an_https_mirror(built, dist, tmp_p
 def test_doit_lists_publish_and_fetch_tasks(built):
     _, parallel, _ = built
     listing = parallel("list", "--all").stdout
-    assert "publish:dn_tiny" in listing and "fetch:dn_tiny" in listing
+    assert "publish:dn_tiny" in listing and "fetch:dn_tiny" in listing and "board:dn_tiny" in listing

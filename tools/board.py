@@ -3,6 +3,7 @@ run them with the VX delegate and on the CPU, and keep the board's answer as a r
 
     ZOO_TARGET=ssh://root@imx8mp.local[:22] python -m tools.board build/conformer/model_int8_pc.tflite [...]
     ZOO_TARGET=adb://SERIAL python -m tools.board ... [--runs 50] [--threads 4] [-o board.json]
+    ZOO_TARGET=... doit board:<id>        # every .tflite of build/<id>/ into build/<id>/board.json
 
 ssh runs in batch mode (keys, never a password prompt); extra options (an identity file, a known-hosts file)
 come from ZOO_SSH_OPTIONS, e.g. "-i ~/.ssh/board -o UserKnownHostsFile=~/.ssh/board_hosts". The board's
@@ -71,12 +72,12 @@ class Transport:
     def shell_command(self, command: str) -> list[str]:
         return [*self._shell, command]
 
-    def copy_commands(self, files: list[Path], folder: str) -> list[tuple[list[str], Path | None]]:
-        """(command, file fed on its stdin) per file. Over ssh the file streams into `cat`: no scp or sftp server
-        is needed on the board (Yocto images often run dropbear without one)."""
+    def copy_command(self, file: Path, remote: str) -> tuple[list[str], Path | None]:
+        """The command that puts `file` at `remote` on the board, and the file it reads on stdin. Over ssh the file
+        streams into `cat`: no scp or sftp server is needed on the board (Yocto images often run dropbear)."""
         if self.target.scheme == "ssh":
-            return [(self.shell_command(f"cat > {shlex.quote(f'{folder}/{f.name}')}"), f) for f in files]
-        return [(["adb", "-s", self.target.host, "push", str(f), f"{folder}/"], None) for f in files]
+            return self.shell_command(f"cat > {shlex.quote(remote)}"), file
+        return ["adb", "-s", self.target.host, "push", str(file), remote], None
 
     def _run(self, command: list[str], what: str, stdin: Path | None = None) -> str:
         try:
@@ -95,22 +96,31 @@ class Transport:
     def shell(self, command: str, what: str) -> str:
         return self._run(self.shell_command(command), what)
 
-    def copy(self, files: list[Path], folder: str) -> None:
-        for command, stdin in self.copy_commands(files, folder):
-            self._run(command, f"copying {(stdin or Path(command[-2])).name}", stdin)
+    def copy(self, file: Path, remote: str) -> None:
+        command, stdin = self.copy_command(file, remote)
+        self._run(command, f"copying {file.name}", stdin)
+
+
+def remote_names(models: list[Path]) -> list[str]:
+    """One file name per model on the board: its own, or with its folder's name in front where two share one
+    (a split entry's graphs: encoder__model_fp32.tflite)."""
+    names = [m.name for m in models]
+    named = [f"{m.parent.name}__{m.name}" if names.count(m.name) > 1 else m.name for m in models]
+    if len(set(named)) != len(named):
+        raise BoardError(f"files share a name and a folder name ({named}); measure them in separate runs")
+    return named
 
 
 def measure(target: Target, models: list[Path], runs: int = 50, threads: int = 4) -> dict:
     """Run every model on the board (NPU and CPU); the record, with the board's identity and the files' sha256."""
-    names = [m.name for m in models]
-    if len(set(names)) != len(names):
-        raise BoardError(f"two files share a name ({names}); copy them from separate runs")
+    names = remote_names(models)
     transport = Transport(target)
     base = "/data/local/tmp" if target.scheme == "adb" else "/tmp"
     folder = transport.shell(f"mktemp -d {base}/zoo-board.XXXXXX", "making a work folder").strip()
     python = os.environ.get("ZOO_TARGET_PYTHON", "python3")
     try:
-        transport.copy([RUNNER, *models], folder)
+        for file, name in [(RUNNER, RUNNER.name), *zip(models, names)]:
+            transport.copy(file, f"{folder}/{name}")
         command = (f"cd {shlex.quote(folder)} && {shlex.quote(python)} board_runner.py "
                    + " ".join(shlex.quote(n) for n in names) + f" --runs {runs} --threads {threads}")
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -124,12 +134,13 @@ def measure(target: Target, models: list[Path], runs: int = 50, threads: int = 4
     return {"what": "latency measured on the board", "kind": "measured", "target": str(target), "when": started,
             "where": answer["identity"], "how": {"runs": runs, "threads": threads, "delegate_path": answer["delegate_path"],
                                                  "delegate_present": answer["delegate_present"], "python": python},
-            "artifacts": {m.name: sha256_of(m) for m in models}, "results": answer["results"]}
+            "artifacts": {name: sha256_of(m) for name, m in zip(names, models)}, "results": answer["results"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.board", description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("models", nargs="*", type=Path)
+    parser.add_argument("--build", type=Path, help="a build folder: every .tflite in it (and in its graphs' folders)")
     parser.add_argument("--target", default=os.environ.get("ZOO_TARGET"), help="ssh://user@host[:port] or adb://SERIAL (default: $ZOO_TARGET)")
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--threads", type=int, default=4)
@@ -138,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.target:
             raise BoardError("no target: set ZOO_TARGET=ssh://user@host[:port] or adb://SERIAL, or pass --target")
+        if args.build:
+            args.models += sorted(args.build.glob("*.tflite")) + sorted(args.build.glob("*/*.tflite"))
+        if not args.models:
+            raise BoardError(f"no .tflite files to measure{f' in {args.build}: build the entry first' if args.build else ''}")
         missing = [str(m) for m in args.models if not m.is_file()]
         if missing:
             raise BoardError(f"no such model file: {', '.join(missing)}")

@@ -44,7 +44,6 @@ PUBLISHED = {
     "tiny_resnet8_cifar_32": (0.22, 1.43, "LF6.1.22"),
     "ds_cnn_kws": (0.182, 0.383, "LF6.1.1_1.0.0"),
 }
-DENSE = ("CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "TRANSPOSE_CONV")
 
 
 def _resnet8(k):
@@ -101,13 +100,15 @@ def int8_tflite(model, path: Path) -> Path:
 
 
 def features(path: Path) -> dict:
+    from tools.estimate import op_class
     from tools.npu import macs
     from tools.tflite_graph import read_graph
 
     graph = read_graph(path)
-    dense = sum(macs(graph, op) for op in graph.ops if op.name in DENSE)
-    depthwise = sum(macs(graph, op) for op in graph.ops if op.name == "DEPTHWISE_CONV_2D")
-    return {"dense_macs": int(dense), "depthwise_macs": int(depthwise), "ops": len(graph.ops)}
+    by_class = {"dense": 0, "depthwise": 0, None: 0}
+    for op in graph.ops:
+        by_class[op_class(op.name)] += macs(graph, op)
+    return {"dense_macs": int(by_class["dense"]), "depthwise_macs": int(by_class["depthwise"]), "ops": len(graph.ops)}
 
 
 def design(rows: list[dict]) -> np.ndarray:

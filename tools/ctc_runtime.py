@@ -45,6 +45,7 @@ class CTCGraph:
         self.file = build_dir / GRAPH_FILES.get(backend, f"model_{backend}.tflite")
         if not self.file.exists():
             raise ValueError(f"{self.file} does not exist")
+        self.files = {"model": self.file}  # as WhisperGraphs.files: graph -> the file it runs
         self.runner = (onnx_runner if backend == "onnx" else tflite_runner)(self.file, threads)
         self._to_layout = to_layout
         labels = build_dir / "labels.json"
@@ -57,6 +58,10 @@ class CTCGraph:
         got = self.runner({self.input_name: features})[self.output_name]
         self.timings.append(time.perf_counter() - start)
         return self._to_layout(np.asarray(got), tuple(self.output_shape))[0]
+
+    def latency_ms(self) -> dict:
+        """Median forward time, in ms, over the runs so far."""
+        return {"forward_ms": round(1000 * float(np.median(self.timings)), 2)}
 
     def decode(self, features: np.ndarray) -> list[int]:
         self.last_logits = self.logits(features)

@@ -19,6 +19,11 @@ NOT_MODELLED = ("partition boundaries", "elementwise and data-movement ops beyon
                 "first inference (NPU graph compile)")
 
 
+def op_class(name: str) -> str | None:
+    """'dense', 'depthwise', or None (priced only through the overhead): how the cost model sees an op."""
+    return "depthwise" if name == "DEPTHWISE_CONV_2D" else "dense" if name in DENSE else None
+
+
 def load_model(path: Path = MODEL) -> dict:
     return json.loads(path.read_text())
 
@@ -40,7 +45,7 @@ def estimate(placed: list[dict], model: dict) -> dict:
     """NPU (with CPU fallbacks) and CPU-only (4 threads) latency of one int8 graph, from tools.npu's placement."""
     macs = {(where, kind): 0 for where in ("NPU", "CPU") for kind in ("dense", "depthwise")}
     for op in placed:
-        kind = "depthwise" if op["op"] == "DEPTHWISE_CONV_2D" else "dense" if op["op"] in DENSE else None
+        kind = op_class(op["op"])
         if kind:
             macs[op["placement"], kind] += op["macs"]
     npu, cpu = model["npu"]["coefficients"], model["cpu"]["coefficients"]

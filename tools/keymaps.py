@@ -31,6 +31,20 @@ def renamed(key: str, rules: list) -> str | None:
     return None
 
 
+def renamed_all(items, rules: list, map_name: str, layout: str) -> dict:
+    """Every (key, tensor) under its renamed key; a key no rule knows is an error naming the map and the layout."""
+    out, unknown = {}, []
+    for key, tensor in items:
+        target = renamed(key, rules)
+        if target is None:
+            unknown.append(key)
+        else:
+            out[target] = tensor
+    if unknown:
+        raise KeyError(f"{map_name}: {len(unknown)} keys of no known {layout} layout, e.g. {unknown[:5]}")
+    return out
+
+
 # DN-DETR (IDEA-Research/DN-DETR, models/DN_DAB_DETR) -> transformers DabDetrForObjectDetection.
 # Renames of whole key prefixes/suffixes, tried in order; {i} is a layer index.
 _DN_DETR_RULES = [
@@ -85,8 +99,7 @@ def dn_detr_original(state: dict) -> dict:
     """
     import torch
 
-    out = {}
-    unknown = []
+    out, plain = {}, []
     for key, tensor in state.items():
         key = key.removeprefix("module.")
         if key == "label_enc.weight":
@@ -99,14 +112,8 @@ def dn_detr_original(state: dict) -> dict:
             for name, part in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
                 out[f"model.encoder.layers.{layer}.self_attn.{name}.{kind}"] = part.clone()
             continue
-        target = renamed(key, _DN_DETR_COMPILED)
-        if target is None:
-            unknown.append(key)
-        else:
-            out[target] = tensor
-    if unknown:
-        raise KeyError(f"dn_detr_original: {len(unknown)} keys of no known DN-DETR layout, e.g. {unknown[:5]}")
-    return out
+        plain.append((key, tensor))
+    return {**out, **renamed_all(plain, _DN_DETR_COMPILED, "dn_detr_original", "DN-DETR")}
 
 
 @register("whisper_ctranslate2")
@@ -145,15 +152,5 @@ _NEMO_DROPPED = re.compile(r"(preprocessor\.featurizer\.(window|fb)|encoder\.pos
 @register("nemo_conformer_ctc")
 def nemo_conformer_ctc(state: dict) -> dict:
     """NeMo Conformer-CTC (stt_en_conformer_ctc_*) keys -> the conformer_ctc family's: renames only."""
-    out, unknown = {}, []
-    for key, tensor in state.items():
-        if _NEMO_DROPPED.match(key):
-            continue
-        target = renamed(key, _NEMO_CONFORMER_RULES)
-        if target is None:
-            unknown.append(key)
-        else:
-            out[target] = tensor
-    if unknown:
-        raise KeyError(f"nemo_conformer_ctc: {len(unknown)} keys of no known NeMo Conformer-CTC layout, e.g. {unknown[:5]}")
-    return out
+    kept = ((key, tensor) for key, tensor in state.items() if not _NEMO_DROPPED.match(key))
+    return renamed_all(kept, _NEMO_CONFORMER_RULES, "nemo_conformer_ctc", "NeMo Conformer-CTC")

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _transcribe_ctc(args, audio) -> int:
     from tools.ctc_runtime import CTCGraph
-    from tools.logmel import SAMPLE_RATE, nemo_mel
+    from tools.logmel import HOP, SAMPLE_RATE, nemo_mel
 
     try:
         graph = CTCGraph(args.build_dir, args.variant, args.threads)
@@ -51,10 +51,9 @@ def _transcribe_ctc(args, audio) -> int:
         print(f"error: {args.build_dir} has no variant {args.variant!r}: {exc}", file=sys.stderr)
         return 1
     frames, n_mels = graph.input_shape[1:]
-    window_s = (frames - 1) / 100
-    if len(audio) > (frames - 1) * 160:
-        print(f"warning: {args.wav} is {len(audio) / SAMPLE_RATE:.1f} s long; the graph hears its first {window_s:.1f} s",
-              file=sys.stderr)
+    if len(audio) > (frames - 1) * HOP:
+        print(f"warning: {args.wav} is {len(audio) / SAMPLE_RATE:.1f} s long; the graph hears its first "
+              f"{(frames - 1) * HOP / SAMPLE_RATE:.1f} s", file=sys.stderr)
     start = time.perf_counter()
     try:
         features = nemo_mel(audio, frames, n_mels)[None]
@@ -100,6 +99,7 @@ def _transcribe_whisper(args, audio) -> int:
           f"{sum(t['decoder_step']) * 1000:.1f} ms | total {total * 1000:.1f} ms, real-time factor {total / seconds:.3f}",
           file=sys.stderr)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -159,6 +159,13 @@ class WhisperGraphs:
     def self_kv_shape(self) -> tuple:
         return tuple(self.graphs["decoder_step"]["inputs"]["self_kv"])
 
+    def latency_ms(self) -> dict:
+        """Median encoder and cross K/V time, mean decoder step, in ms, over the runs so far."""
+        t = self.timings
+        return {"encoder_ms": round(1000 * float(np.median(t["encoder"])), 2),
+                "cross_kv_ms": round(1000 * float(np.median(t["cross_kv"])), 2),
+                "decoder_step_ms": round(1000 * float(np.mean(t["decoder_step"])), 3) if t["decoder_step"] else None}
+
     def decode(self, features: np.ndarray, on_step: Callable[[int, dict], None] | None = None) -> list[int]:
         return decode_utterance(self.run, features, self.self_kv_shape, self.settings, on_step)
 

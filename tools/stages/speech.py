@@ -27,24 +27,10 @@ from tools.whisper_runtime import WhisperGraphs, word_errors
 BACKENDS = {"onnx": "ONNX Runtime on model.onnx", "fp32": "LiteRT on model_fp32.tflite"}
 
 
-def _timing_summary(graphs, decode_total: float, audio_s: float) -> dict:
-    rtf = {"real_time_factor": round(decode_total / audio_s, 4)}
-    if isinstance(graphs, CTCGraph):
-        return {"forward_ms": round(1000 * float(np.median(graphs.timings)), 2), **rtf}
-    t = graphs.timings
-    return {"encoder_ms": round(1000 * float(np.median(t["encoder"])), 2), "cross_kv_ms": round(1000 * float(np.median(t["cross_kv"])), 2),
-            "decoder_step_ms": round(1000 * float(np.mean(t["decoder_step"])), 3) if t["decoder_step"] else None, **rtf}
-
-
 def _graphs(entry: Entry, build_dir: Path, backend: str, threads: int):
     if decoding_kind(entry.data) == "ctc_greedy":
         return CTCGraph(build_dir, backend, threads)
     return WhisperGraphs(build_dir, backend, threads)
-
-
-def _files(graphs) -> str:
-    files = {"": graphs.file} if isinstance(graphs, CTCGraph) else {f"{g}/": p for g, p in graphs.files.items()}
-    return "LiteRT on " + ", ".join(f"{g}{p.name}" for g, p in files.items())
 
 
 def _torch_backend(exported: dict, texts: list[str], sentences: list[str], audio_s: float) -> dict:
@@ -99,10 +85,11 @@ def speech(entry: Entry, build_dir: Path) -> dict:
             logits.append(getattr(graphs, "last_logits", None))  # CTC: the scores the ids came from
         total = time.perf_counter() - start
         texts = [graphs.text(ids) for ids in decoded]
-        result = {"runs": BACKENDS.get(backend, _files(graphs)),
+        files = ", ".join(p.relative_to(build_dir).as_posix() for p in graphs.files.values())
+        result = {"runs": BACKENDS.get(backend, f"LiteRT on {files}"),
                   "threads": threads, "transcripts": texts, "wer_vs_spoken": _wer(list(zip(sentences, texts))),
                   "wer_vs_torch": _wer([(graphs.text(r), t) for r, t in zip(torch_ids, texts)]),
-                  **_timing_summary(graphs, total, audio_s)}
+                  **graphs.latency_ms(), "real_time_factor": round(total / audio_s, 4)}
         if backend in BACKENDS:  # float graphs: the same ids as torch, or the build fails
             result["equal_to_torch"] = [ids == ref for ids, ref in zip(decoded, torch_ids)]
             if isinstance(graphs, CTCGraph):  # a frame may flip between near-tied labels (random weights)

@@ -54,22 +54,17 @@ def graph_macs(path: Path) -> int:
     return sum(macs(graph, op) for op in graph.ops)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("builds", nargs="+", type=Path)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    record = {"what": "host latency, ms per inference", "threads": args.threads, "runs": args.runs,
+def measure(builds: list[Path], threads: int, runs: int) -> dict:
+    """Time every graph of each build in one run; the record, with each entry's TFLite ratio to the first."""
+    record = {"what": "host latency, ms per inference", "threads": threads, "runs": runs,
               "host": {"machine": platform.machine(), "platform": platform.platform(), "processor": platform.processor()},
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "tools": {d: metadata.version(d) for d in ("onnxruntime", "ai-edge-litert", "numpy")}, "entries": {}}
-    for build in args.builds:
+    for build in builds:
         inputs = load_reference(build / "reference.npz")[0]["input"]
         results = {}
         for name, file_name, make_runner in graphs(build):
-            times = time_runs(make_runner(build / file_name, args.threads), inputs, args.runs)
+            times = time_runs(make_runner(build / file_name, threads), inputs, runs)
             results[name] = {"file": file_name, "sha256": sha256_of(build / file_name),
                              "median_ms": round(statistics.median(times), 2), "mean_ms": round(statistics.mean(times), 2),
                              "min_ms": round(min(times), 2)}
@@ -81,7 +76,7 @@ def main() -> int:
         for name in [n for n in results if n.startswith("tflite_int8")]:
             results[f"{name}_over_fp32"] = round(results[name]["median_ms"] / results["tflite_fp32"]["median_ms"], 3)
             print(f"{build.name:>24} {name} / TFLite fp32: {results[f'{name}_over_fp32']:.2f}x")
-        record["entries"][build.name] = results
+        record["entries"][str(build)] = results
     names = list(record["entries"])
     first = record["entries"][names[0]]["tflite_fp32"]["median_ms"]
     for name in names[1:]:
@@ -91,6 +86,17 @@ def main() -> int:
         record.setdefault("mac_ratio_to_first", {})[name] = round(macs, 3)
         print(f"TFLite fp32 {name} / {names[0]}: {ratio:.2f}x latency, {macs:.2f}x MACs "
               f"(latency ratio / MAC ratio: {ratio / macs:.2f})")
+    return record
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("builds", nargs="+", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    record = measure(args.builds, args.threads, args.runs)
     if args.json:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0

@@ -6,7 +6,8 @@ import torch
 from transformers import DabDetrConfig, DabDetrForObjectDetection, DeformableDetrConfig, DeformableDetrForObjectDetection
 
 from tools.patches import REGISTRY, apply_patches
-from tools.patches.deformable_detr import GatherDeformableAttention, float32_reference_points
+from tools.patches import deformable_detr
+from tools.patches.deformable_detr import GatherDeformableAttention, TentSamplingDeformableAttention, float32_reference_points
 
 
 def _deformable(levels=4, points=4, heads=2, d_model=32):
@@ -18,25 +19,68 @@ def _deformable(levels=4, points=4, heads=2, d_model=32):
     return DeformableDetrForObjectDetection(config).eval()
 
 
-@pytest.mark.parametrize("levels,points,heads", [(4, 4, 2), (1, 1, 1), (3, 2, 4), (2, 5, 8)])
-def test_gather_attention_matches_grid_sample(levels, points, heads):
-    stock = _deformable(levels, points, heads).model.encoder.layers[0].self_attn
-    patched = GatherDeformableAttention(stock)
-    shapes = [(11, 7), (6, 4), (3, 2), (1, 1), (2, 9)][:levels]
+def _sampled_by(module, levels, points, shapes, batch=2, queries=13):
+    """The module's output on random queries and values, with reference points beyond [0, 1] so that samples fall
+    off the maps (zero padding) and on their edges."""
     seq = sum(h * w for h, w in shapes)
-    generator = torch.Generator().manual_seed(levels * 100 + points)
-    queries = torch.randn(2, 13, 32, generator=generator)
-    memory = torch.randn(2, seq, 32, generator=generator)
-    # Reference points spread beyond [0, 1] so that corners fall outside the maps (zero padding).
-    reference = torch.rand(2, 13, levels, 2, generator=generator) * 1.4 - 0.2
+    generator = torch.Generator().manual_seed(levels * 100 + points + len(shapes))
+    hidden = torch.randn(batch, queries, 32, generator=generator)
+    memory = torch.randn(batch, seq, 32, generator=generator)
+    reference = torch.rand(batch, queries, levels, 2, generator=generator) * 1.4 - 0.2
     spatial = torch.tensor(shapes)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), (spatial[:, 0] * spatial[:, 1]).cumsum(0)[:-1]])
-    kwargs = dict(encoder_hidden_states=memory, reference_points=reference, spatial_shapes=spatial,
-                  spatial_shapes_list=shapes, level_start_index=starts)
     with torch.no_grad():
-        expected, _ = stock(queries, **kwargs)
-        got, _ = patched(queries, **kwargs)
-    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+        return module(hidden, encoder_hidden_states=memory, reference_points=reference, spatial_shapes=spatial,
+                      spatial_shapes_list=shapes, level_start_index=starts)[0]
+
+
+CASES = [(4, 4, 2, [(11, 7), (6, 4), (3, 2), (1, 1)]), (1, 1, 1, [(11, 7)]), (3, 2, 4, [(20, 17), (6, 4), (3, 2)]),
+         (2, 5, 8, [(1, 1), (2, 9)])]
+
+
+@pytest.mark.parametrize("levels,points,heads,shapes", CASES)
+def test_gather_attention_matches_grid_sample(levels, points, heads, shapes):
+    stock = _deformable(levels, points, heads).model.encoder.layers[0].self_attn
+    expected = _sampled_by(stock, levels, points, shapes)
+    torch.testing.assert_close(_sampled_by(GatherDeformableAttention(stock), levels, points, shapes), expected,
+                               atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("levels,points,heads,shapes", CASES + [(4, 4, 8, [(24, 20), (17, 18), (3, 2), (1, 1)])])
+@pytest.mark.parametrize("dense_max", [0, 30, 10_000])  # every level gathered, a split, every level dense
+def test_tent_attention_matches_grid_sample(levels, points, heads, shapes, dense_max, monkeypatch):
+    monkeypatch.setattr(deformable_detr, "DENSE_MAX_POSITIONS", dense_max)
+    stock = _deformable(levels, points, heads).model.encoder.layers[0].self_attn
+    patched = TentSamplingDeformableAttention(stock)
+    gathered, dense, _, _ = patched._layout(shapes)
+    assert not any(h < 2 or w < 2 for h, w in (shapes[l] for l in gathered))  # 1-pixel levels are always dense
+    torch.testing.assert_close(_sampled_by(patched, levels, points, shapes), _sampled_by(stock, levels, points, shapes),
+                               atol=2e-6, rtol=1e-5)
+
+
+def test_tent_corners_are_int32_and_samples_on_pixel_centres_are_exact():
+    """Samples on pixel centres (the untrained offsets' grid) are where a rounding flip could pick the other corner:
+    either choice must give the pixel itself, and corners stay int32 in the map."""
+    stock = _deformable(2, 2, 2).model.encoder.layers[0].self_attn
+    shapes = [(9, 8), (5, 4)]
+    with torch.no_grad():
+        stock.sampling_offsets.weight.zero_()
+        stock.sampling_offsets.bias.copy_(torch.arange(16, dtype=torch.float32) % 5 - 2)  # whole-pixel offsets
+    reference = ((torch.arange(8) + 0.5) / 8).repeat(7, 1)  # pixel centres of an 8-wide map
+    offset = (torch.arange(7, dtype=torch.float32) - 3)[:, None].expand(7, 8)  # whole pixels, -3..3
+    first, left, right = deformable_detr._corner(reference, torch.tensor(8, dtype=torch.int32), offset)
+    assert first.dtype == torch.int32 and int(first.min()) == 0 and int(first.max()) == 6
+    sample = torch.arange(8) + offset
+    inside = (sample >= 0) & (sample <= 7)
+    assert torch.equal(left + right, inside.float())  # a whole pixel in the map, or nothing off it
+    assert torch.equal((left * first + right * (first + 1))[inside], sample[inside])  # and it is that pixel
+    for dense_max in (0, 10_000):
+        deformable_detr.DENSE_MAX_POSITIONS, saved = dense_max, deformable_detr.DENSE_MAX_POSITIONS
+        try:
+            torch.testing.assert_close(_sampled_by(TentSamplingDeformableAttention(stock), 2, 2, shapes),
+                                       _sampled_by(stock, 2, 2, shapes), atol=2e-6, rtol=1e-5)
+        finally:
+            deformable_detr.DENSE_MAX_POSITIONS = saved
 
 
 def test_float32_reference_points_match_transformers():
@@ -54,7 +98,7 @@ def test_patched_deformable_detr_gives_the_stock_detections():
     pixels = torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         stock = model(pixel_values=pixels)
-        patched = apply_patches(model, ["deformable_detr_float32_reference_points", "deformable_detr_gather_sampling",
+        patched = apply_patches(model, ["deformable_detr_float32_reference_points", "deformable_detr_tent_sampling",
                                         "deformable_detr_last_layer_head"])(pixels)
     torch.testing.assert_close(patched["logits"], stock.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(patched["pred_boxes"], stock.pred_boxes, atol=1e-5, rtol=1e-5)

@@ -181,3 +181,55 @@ def test_int8_variants_hold_int8_activations_only(built):
         assert "INT8" in variant["activation_types"]
         scales = {t.scales for t in graph.tensors if t.constant and t.type == "INT8"}
         assert (max(scales) > 1) == (variant["weights"] == "per-channel")
+
+
+def _int8_product(tmp_path, second_is_relu: bool):
+    """An INT8 graph of one product of two run-time tensors, the second a ReLU output (zero point -128) or a
+    signed one, calibrated and quantized by the quantize stage's own functions; with its fp32 graph."""
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tools.stages.quantize import calibrated, int8_graph
+
+    def product(a, b):
+        return tf.matmul(a - 0.5, tf.nn.relu(b) if second_is_relu else b - 0.5)
+
+    specs = [tf.TensorSpec((64, 16, 4), tf.float32), tf.TensorSpec((64, 4, 16), tf.float32)]
+    module = tf.Module()
+    module.product = tf.function(product, input_signature=specs)
+    tf.saved_model.save(module, str(tmp_path / "saved"), signatures=module.product.get_concrete_function())
+    fp32 = tf.lite.TFLiteConverter.from_saved_model(str(tmp_path / "saved")).convert()
+    names = list(Interpreter(model_content=fp32).get_signature_runner().get_input_details())
+    rng = np.random.default_rng(0)
+    feeds = [{names[0]: rng.random((64, 16, 4), dtype=np.float32), names[1]: rng.random((64, 4, 16), dtype=np.float32)}
+             for _ in range(4)]
+    (tmp_path / "fp32.tflite").write_bytes(fp32)
+    (tmp_path / "int8.tflite").write_bytes(int8_graph(calibrated(fp32, feeds), {"weights": "per-channel"}, {}))
+    return tmp_path / "fp32.tflite", tmp_path / "int8.tflite", feeds[0]
+
+
+@pytest.mark.parametrize("second_is_relu", [True, False])
+def test_int8_products_run_on_kernels_that_compute_them(tmp_path, second_is_relu):
+    """XNNPACK treats a run-time second operand of an int8 BATCH_MATMUL as symmetric: with a ReLU output there
+    (zero point -128) its product is noise. The runner then takes the builtin kernels, which agree with fp32."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tools.stages.validate import tflite_runner, xnnpack_miscomputes
+
+    fp32, int8, feed = _int8_product(tmp_path, second_is_relu)
+    flagged = xnnpack_miscomputes(Interpreter(model_path=str(int8)))
+    assert bool(flagged) == second_is_relu
+    expected = next(iter(tflite_runner(fp32)(feed).values()))
+    run = tflite_runner(int8)
+    assert run.kernels == ("builtin" if second_is_relu else "xnnpack")
+    assert sqnr_db(expected, next(iter(run(feed).values()))) > 30
+    if second_is_relu:  # what XNNPACK itself makes of it: the reason for the rule
+        forced = Interpreter(model_path=str(int8)).get_signature_runner()
+        raw = next(iter(forced(**feed).values()))
+        assert sqnr_db(expected, _dequantized(forced, raw)) < 10
+
+
+def _dequantized(runner, raw: np.ndarray) -> np.ndarray:
+    from tools.stages.validate import dequantize
+
+    return dequantize(raw, next(iter(runner.get_output_details().values())))

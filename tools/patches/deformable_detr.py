@@ -103,6 +103,173 @@ class GatherDeformableAttention(nn.Module):
         return self.output_proj(out), weights
 
 
+# Levels with at most this many positions are sampled densely (see TentSamplingDeformableAttention): per query
+# and head a dense level costs positions * (head_dim + points) MACs and a gathered one moves 4 * points *
+# head_dim floats; at 16x16 and below the matrix products were faster than the gather in TFLite fp32.
+DENSE_MAX_POSITIONS = 256
+
+
+def _corner(reference: torch.Tensor, size: torch.Tensor, offset: torch.Tensor) -> tuple:
+    """A sample's 2x2 block along one axis: its first pixel (int32, clamped so that the block lies in the map) and
+    the tent weights of the block's two pixels.
+
+    The sample sits at reference * size - 0.5 + offset (align_corners=False). The reference is a constant for a
+    static image size, so its whole pixels are split off there: what is rounded at run time, the reference's
+    fraction plus the learned offset, spans a few pixels and keeps sub-pixel steps when an INT8 graph quantizes
+    it (the whole coordinate, up to the map's width, would not). Pixel positions are int32 arithmetic, never
+    quantized, and every float tensor lies in [0, 1]: the fraction, and 0/1 masks for where the clamp moved the
+    block (by one pixel: the sample straddles the map's edge and one pixel of the block is off it; by more: the
+    sample is off the map and both weights are zero).
+    """
+    base = reference * size.to(reference.dtype) - 0.5
+    whole = torch.floor(base)
+    near = (base - whole) + offset
+    step = torch.floor(near)
+    fraction = near - step
+    first = whole.to(torch.int32) + step.to(torch.int32)
+    clamped = torch.minimum(torch.maximum(first, torch.zeros((), dtype=torch.int32)), size - 2)
+    shift = first - clamped
+    one = torch.ones((), dtype=torch.int32)
+    at = lambda s: (one - torch.minimum((shift - s) * (shift - s), one)).to(fraction.dtype)  # noqa: E731  (shift == s)
+    kept, moved_in, moved_back = at(0), at(-1), at(1)
+    return clamped, (1 - fraction) * kept + fraction * moved_in, fraction * kept + (1 - fraction) * moved_back
+class TentSamplingDeformableAttention(nn.Module):
+    """Multi-scale deformable attention as gathers of 2x2 corner rows and dense matrix products, no grid_sample.
+
+    Bilinear sampling with zero padding weighs pixel (x, y) by tent(x_s - x) * tent(y_s - y), where
+    tent(d) = relu(1 - |d|). That one identity gives two formulations with static shapes:
+    - large levels: a corner table holds, per top-left pixel and head, the 2x2 block of value vectors in one row;
+      each sampling point gathers one row with an int32 index (its floor clamped into the table) and weighs the
+      four corners by their tents, which are zero for corners off the map: no mask, WHERE or SELECT;
+    - small levels (<= DENSE_MAX_POSITIONS): the point tents make a separable weight map per query and head,
+      (H x P) @ (P x W), that multiplies the level's values: matrix products only, no coordinates rounded.
+    The gathered bytes are a quarter of the four-index gather's on the large levels and none on the small ones.
+    Tensors stay at rank <= 3 so that onnx2tf does not take them for images.
+    """
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        self.n_heads, self.n_levels, self.n_points = original.n_heads, original.n_levels, original.n_points
+        self.d_model = original.d_model
+        self.value_proj, self.output_proj = original.value_proj, original.output_proj
+        self.sampling_offsets, self.attention_weights = original.sampling_offsets, original.attention_weights
+
+    def _layout(self, shapes: list) -> tuple:
+        """Which levels are gathered and which dense, and the projection rows in the order the two paths read.
+
+        Offsets: x of the gathered (head, level, point), their y, then per dense level x and y of (head, point).
+        Attention weights: per head, the gathered levels' points, then the dense levels' (one softmax over all).
+        The rows are picked from the weights, a constant in the exported graph.
+        """
+        dense = [l for l, (h, w) in enumerate(shapes) if h * w <= DENSE_MAX_POSITIONS or min(h, w) < 2]
+        gathered = [l for l in range(self.n_levels) if l not in dense]
+        rows = torch.arange(self.n_heads * self.n_levels * self.n_points).view(self.n_heads, self.n_levels, -1)
+        xy = lambda r, c: (r * 2 + c).reshape(-1)  # noqa: E731  (offset row of coordinate c of position r)
+        order = [xy(rows[:, gathered], 0), xy(rows[:, gathered], 1)]
+        for l in dense:
+            order += [xy(rows[:, l], 0), xy(rows[:, l], 1)]
+        return gathered, dense, torch.cat(order), rows[:, gathered + dense].reshape(-1)
+
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                position_embeddings=None, reference_points=None, spatial_shapes=None, spatial_shapes_list=None,
+                level_start_index=None, **kwargs):
+        if position_embeddings is not None:
+            hidden_states = hidden_states + position_embeddings
+        if reference_points.shape[-1] != 2:
+            raise NotImplementedError("tent sampling supports 2-d reference points (no two-stage, no box refine)")
+        shapes = [(int(h), int(w)) for h, w in spatial_shapes_list]  # python ints: constants in the graph
+        gathered, dense, offset_rows, weight_rows = self._layout(shapes)
+        starts = np.concatenate([[0], np.cumsum([h * w for h, w in shapes])[:-1]])
+        value = self.value_proj(encoder_hidden_states)
+        if attention_mask is not None:
+            value = value * attention_mask[..., None].to(value.dtype)
+        offsets = nn.functional.linear(hidden_states, self.sampling_offsets.weight[offset_rows],
+                                       self.sampling_offsets.bias[offset_rows])
+        queries, heads = int(hidden_states.shape[1]), self.n_heads
+        logits = nn.functional.linear(hidden_states, self.attention_weights.weight[weight_rows],
+                                      self.attention_weights.bias[weight_rows])
+        # (batch * queries * heads, levels * points): rank 2, so that no slice meets onnx2tf's square-axis guessing
+        weights = logits.reshape(-1, self.n_levels * self.n_points).softmax(-1)
+        split, rows = len(gathered) * self.n_points, queries * heads
+        out = []
+        for b in range(int(hidden_states.shape[0])):  # static batch: one graph per image, no batch arithmetic
+            # Slices, not integer indexing (a picked index exports as a GATHER); levels cut from (positions, heads,
+            # head_dim), never from (positions, channels): a level with as many positions as channels is square, and
+            # onnx2tf then takes one axis for the other.
+            per_head = value[b:b + 1].reshape(-1, heads, self.d_model // heads)
+            levels = [per_head[s:s + h * w] for s, (h, w) in zip(starts, shapes)]
+            image_offsets, image_weights = offsets[b:b + 1].flatten(0, 1), weights[b * rows:(b + 1) * rows]
+            reference = reference_points[b:b + 1].flatten(0, 1)
+            sampled = 0
+            if gathered:
+                sampled = self._gathered(levels, shapes, gathered, image_offsets[:, :2 * heads * split],
+                                         image_weights[:, :split], reference)
+            if dense:
+                sampled = sampled + self._dense(levels, shapes, dense, image_offsets[:, 2 * heads * split:],
+                                                image_weights[:, split:], reference)
+            out.append(sampled)
+        return self.output_proj(torch.stack(out)), None  # attention weights are in the reordered layout: not returned
+
+    def _gathered(self, levels, shapes, which, offsets, weights, reference):
+        """Sampling of the large levels: one corner-table row per point, four tent weights."""
+        heads, points, head_dim = self.n_heads, self.n_points, self.d_model // self.n_heads
+        queries, m = int(offsets.shape[0]), offsets.shape[1] // 2
+        tables, table_start = [], 0
+        per_m = {k: [] for k in ("w", "h", "start", "level")}
+        for l in which:
+            h, w = shapes[l]
+            v = levels[l].reshape(h, w, heads * head_dim)
+            left, right = v[:, :-1], v[:, 1:]  # (h, w - 1, heads * head_dim)
+            top = lambda t: t.reshape(h, -1)[:-1].reshape(-1, heads, head_dim)  # noqa: E731
+            bottom = lambda t: t.reshape(h, -1)[1:].reshape(-1, heads, head_dim)  # noqa: E731
+            corners = torch.cat([top(left), top(right), bottom(left), bottom(right)], -1)
+            tables.append(corners.reshape(-1, 4 * head_dim))  # row = top-left position * heads + head
+            for key, val in (("w", w), ("h", h), ("start", table_start), ("level", l)):
+                per_m[key].append(val)
+            table_start += (h - 1) * (w - 1)
+        table = torch.cat(tables) if len(tables) > 1 else tables[0]
+        # per sampling position (head, level, point): the level's constants
+        rep = lambda vals, dtype: torch.from_numpy(np.tile(np.repeat(np.array(vals, dtype=dtype), points), heads))  # noqa: E731
+        level = rep(per_m["level"], np.int64)
+        x0, tx0, tx1 = _corner(reference[:, :, 0:1].flatten(1).index_select(1, level), rep(per_m["w"], np.int32),
+                               offsets[:, :m])
+        y0, ty0, ty1 = _corner(reference[:, :, 1:2].flatten(1).index_select(1, level), rep(per_m["h"], np.int32),
+                               offsets[:, m:])
+        head = torch.from_numpy(np.repeat(np.arange(heads, dtype=np.int32), len(which) * points))
+        index = (rep(per_m["start"], np.int32) + y0 * (rep(per_m["w"], np.int32) - 1) + x0) * heads + head
+        a = weights.reshape(queries, m)  # (queries * heads, levels * points) -> (queries, m)
+        corner_weights = torch.stack([tx0 * ty0 * a, tx1 * ty0 * a, tx0 * ty1 * a, tx1 * ty1 * a], -1)
+        # A rank-2 index: Keras infers the values of small rank-1 int32 tensors (as if shapes) and onnx2tf then fails.
+        rows = nn.functional.embedding(index, table).reshape(queries * heads, m // heads * 4, head_dim)
+        sampled = torch.bmm(corner_weights.reshape(queries * heads, 1, m // heads * 4), rows)
+        return sampled.reshape(queries, heads * head_dim)
+
+    def _dense(self, levels, shapes, which, offsets, weights, reference):
+        """Sampling of the small levels: weight map (H x P) @ (P x W) per query and head, times the values."""
+        heads, points, head_dim = self.n_heads, self.n_points, self.d_model // self.n_heads
+        queries = int(offsets.shape[0])
+        # (queries, heads * per-level (x points, y points)) -> (heads, queries, ...): heads lead the products
+        maps, values = [], []
+        for i, l in enumerate(which):
+            h, w = shapes[l]
+            off_x, off_y = (offsets[:, (2 * i + c) * heads * points:(2 * i + c + 1) * heads * points]
+                            .reshape(queries, heads, points).transpose(0, 1) for c in (0, 1))  # (heads, queries, points)
+            a = (weights[:, i * points:(i + 1) * points].reshape(queries, heads, points).transpose(0, 1)
+                 .reshape(heads * queries, 1, points))
+            x = (reference[:, l:l + 1, 0:1].flatten(1) * w - 0.5)[None] + off_x
+            y = (reference[:, l:l + 1, 1:2].flatten(1) * h - 0.5)[None] + off_y
+            grid_x = torch.arange(w, dtype=x.dtype).view(1, 1, w)
+            grid_y = torch.arange(h, dtype=y.dtype).view(1, h, 1)
+            tent_x = torch.relu(1 - (x.reshape(heads * queries, points, 1) - grid_x).abs())  # (hq, points, w)
+            tent_y = torch.relu(1 - (y.reshape(heads * queries, 1, points) - grid_y).abs()) * a  # (hq, h, points)
+            maps.append(torch.bmm(tent_y, tent_x).reshape(heads, queries, h * w))
+            values.append(levels[l].transpose(0, 1))  # (heads, h * w, head_dim)
+        weight_map = torch.cat(maps, -1) if len(maps) > 1 else maps[0]
+        value = torch.cat(values, 1) if len(values) > 1 else values[0]
+        sampled = torch.bmm(weight_map, value)  # (heads, queries, head_dim)
+        return sampled.transpose(0, 1).reshape(queries, heads * head_dim)
+
+
 def _replace_modules(root: nn.Module, cls_name: str, make) -> int:
     count = 0
     for parent in list(root.modules()):
@@ -119,6 +286,15 @@ def gather_sampling(module: nn.Module) -> nn.Module:
     if module.config.two_stage or module.config.with_box_refine:
         raise ValueError("deformable_detr_gather_sampling needs two_stage=false and with_box_refine=false")
     _replace_modules(module, "DeformableDetrMultiscaleDeformableAttention", GatherDeformableAttention)
+    return module
+
+
+@register("deformable_detr_tent_sampling", applies_to=("DeformableDetrForObjectDetection",))
+def tent_sampling(module: nn.Module) -> nn.Module:
+    """Replace grid_sample in multi-scale deformable attention by corner-row gathers and dense tent products."""
+    if module.config.two_stage or module.config.with_box_refine:
+        raise ValueError("deformable_detr_tent_sampling needs two_stage=false and with_box_refine=false")
+    _replace_modules(module, "DeformableDetrMultiscaleDeformableAttention", TentSamplingDeformableAttention)
     return module
 
 

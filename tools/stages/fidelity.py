@@ -68,14 +68,15 @@ def layer_report(fp32_path: Path, int8_path: Path, feed: dict, threshold_db: flo
 
 
 def _int8_runner(path: Path, probe: dict):
-    """LiteRT with XNNPACK, or its builtin kernels where XNNPACK refuses the graph (it rejects a weight channel
-    whose quantization scale is 0, as an all-zero channel of a randomly initialised model gets)."""
+    """LiteRT as tflite_runner picks (XNNPACK unless it would miscompute the graph), or its builtin kernels where
+    XNNPACK refuses the graph (it rejects a weight channel whose quantization scale is 0, as an all-zero channel
+    of a randomly initialised model gets)."""
     from ai_edge_litert.interpreter import OpResolverType
 
     run = tflite_runner(path)
     try:
         run(probe)
-        return run, "xnnpack"
+        return run, run.kernels
     except RuntimeError as exc:
         if "XNNPACK" not in str(exc):
             raise

@@ -43,11 +43,25 @@ def float_ops(graph) -> list[dict]:
     return found
 
 
-def quantize(entry: Entry, build_dir: Path) -> dict:
-    import tensorflow as tf
-    from tensorflow.lite.python import convert
+def calibrated(fp32: bytes, feeds: list[dict]) -> bytes:
+    """The fp32 graph with the value ranges that TFLite's calibrator recorded over `feeds` (signature-keyed)."""
     from tensorflow.lite.python.optimize import calibrator
 
+    return calibrator.Calibrator(calibrator.add_intermediate_tensors(fp32)).calibrate(lambda: iter(feeds))
+
+
+def int8_graph(calibrated_graph: bytes, variant: dict, keep: dict) -> bytes:
+    """One full-integer variant of a calibrated graph, written by the MLIR quantizer."""
+    import tensorflow as tf
+    from tensorflow.lite.python import convert
+
+    io = tf.int8 if variant.get("io", "float32") == "int8" else tf.float32
+    return convert.mlir_quantize(calibrated_graph, disable_per_channel=variant["weights"] == "per-tensor",
+                                 input_data_type=io, output_data_type=io,
+                                 denylisted_ops=keep.get("ops"), denylisted_nodes=keep.get("tensors"))
+
+
+def quantize(entry: Entry, build_dir: Path) -> dict:
     from tools.stages import StageError
 
     spec = entry.data["quantization"]
@@ -59,14 +73,11 @@ def quantize(entry: Entry, build_dir: Path) -> dict:
     fp32 = (build_dir / "model_fp32.tflite").read_bytes()
     graph = read_graph(fp32)
     feeds = [channel_last_feed(sample, graph) for sample in calibration.samples]
-    calibrated = calibrator.Calibrator(calibrator.add_intermediate_tensors(fp32)).calibrate(lambda: iter(feeds))
+    ranged = calibrated(fp32, feeds)
     keep = spec.get("keep_float", {})
     variants = {}
     for variant in int8_variants(entry):
-        io = tf.int8 if variant.get("io", "float32") == "int8" else tf.float32
-        model = convert.mlir_quantize(calibrated, disable_per_channel=variant["weights"] == "per-tensor",
-                                      input_data_type=io, output_data_type=io,
-                                      denylisted_ops=keep.get("ops"), denylisted_nodes=keep.get("tensors"))
+        model = int8_graph(ranged, variant, keep)
         quantized = read_graph(model)
         bad = sorted({f"{t.name} ({t.type})" for t in quantized.tensors_of_type(*REJECTED_TYPES)})
         if bad:

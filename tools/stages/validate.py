@@ -50,12 +50,38 @@ def onnx_runner(path: Path, threads: int | None = None):
     return lambda inputs: dict(zip(names, session.run(names, inputs)))
 
 
+def xnnpack_miscomputes(interpreter) -> list[str]:
+    """Ops that XNNPACK (LiteRT 2.1.0) computes wrongly: a BATCH_MATMUL whose second operand is a run-time int8
+    tensor with a nonzero zero point, which XNNPACK treats as symmetric. Measured (bench/deformable_vs_dn.py's
+    layer comparison, then a two-input product): with a ReLU output as the second operand 1.2 dB SQNR under
+    XNNPACK and 36 dB under the builtin kernels; as the first operand both agree. Read from the interpreter's
+    own op and tensor details, so that the check needs neither TensorFlow nor torch."""
+    ops = interpreter._get_ops_details()
+    made = {i for op in ops for i in op["outputs"]} | {d["index"] for d in interpreter.get_input_details()}
+    details = {d["index"]: d for d in interpreter.get_tensor_details()}
+    wrong = []
+    for op in ops:
+        if op["op_name"] == "BATCH_MATMUL" and len(op["inputs"]) > 1 and op["inputs"][1] in made:
+            second = details[op["inputs"][1]]
+            if second["dtype"] == np.int8 and np.any(second["quantization_parameters"]["zero_points"]):
+                wrong.append(f"BATCH_MATMUL op {op['index']}")
+    return wrong
+
+
 def tflite_runner(path: Path, threads: int | None = None, **options):
     """torch-layout float inputs dict -> float outputs dict, with LiteRT. Inputs move channel-last where the graph
-    wants; an int8 input is quantized and an int8 output dequantized with the tensor's own scale and zero point."""
-    from ai_edge_litert.interpreter import Interpreter
+    wants; an int8 input is quantized and an int8 output dequantized with the tensor's own scale and zero point.
+    XNNPACK runs the graph unless it would miscompute it (xnnpack_miscomputes): then LiteRT's builtin kernels
+    do; `run.kernels` says which."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    interpreter = Interpreter(model_path=str(path), num_threads=threads or os.cpu_count() or 1, **options)
+    threads = threads or os.cpu_count() or 1
+    interpreter = Interpreter(model_path=str(path), num_threads=threads, **options)
+    kernels = "builtin" if "experimental_op_resolver_type" in options else "xnnpack"
+    if kernels == "xnnpack" and xnnpack_miscomputes(interpreter):
+        interpreter = Interpreter(model_path=str(path), num_threads=threads, **options,
+                                  experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        kernels = "builtin"
     runner = interpreter.get_signature_runner()
     inputs, outputs = runner.get_input_details(), runner.get_output_details()
 
@@ -64,7 +90,7 @@ def tflite_runner(path: Path, threads: int | None = None, **options):
                         for name in feed})
         return {name: dequantize(value, outputs[name]) for name, value in got.items()}
 
-    run.interpreter = interpreter
+    run.interpreter, run.kernels = interpreter, kernels
     return run
 
 

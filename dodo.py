@@ -34,8 +34,10 @@ def _stage_task(stage, entry, graph):
         "name": name,
         "doc": f"{stage.doc} [{name}]",
         "actions": [[sys.executable, "-m", "tools.stage", stage.name, str(entry.path), str(out), *([graph] if graph else [])]],
-        "file_dep": [str(out / f) for f in stage.needs_for(entry)] + stage.code_files(),
-        "targets": [str(out / f) for f in stage.makes_for(entry)],
+        # normalised: doit orders tasks by matching a file_dep to a target as strings, and a split graph's
+        # needs name its siblings' files through '..'
+        "file_dep": [os.path.normpath(out / f) for f in stage.needs_for(entry)] + stage.code_files(),
+        "targets": [os.path.normpath(out / f) for f in stage.makes_for(entry)],
         "task_dep": [f"{after}:{name}" for after in stage.after],
         "uptodate": [config_changed({"sections": entry.fingerprint(*stage.sections), "tools": tools,
                                      "env": {k: os.environ.get(k, "") for k in stage.env}})],

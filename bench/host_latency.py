@@ -64,12 +64,14 @@ def measure(builds: list[Path], threads: int, runs: int) -> dict:
         inputs = load_reference(build / "reference.npz")[0]["input"]
         results = {}
         for name, file_name, make_runner in graphs(build):
-            times = time_runs(make_runner(build / file_name, threads), inputs, runs)
+            run = make_runner(build / file_name, threads)
+            times = time_runs(run, inputs, runs)
             results[name] = {"file": file_name, "sha256": sha256_of(build / file_name),
+                             "kernels": getattr(run, "kernels", "onnxruntime"),
                              "median_ms": round(statistics.median(times), 2), "mean_ms": round(statistics.mean(times), 2),
                              "min_ms": round(min(times), 2)}
             print(f"{build.name:>24} {name:>12}: median {results[name]['median_ms']:9.1f} ms  "
-                  f"mean {results[name]['mean_ms']:9.1f} ms", flush=True)
+                  f"mean {results[name]['mean_ms']:9.1f} ms  ({results[name]['kernels']})", flush=True)
         results["macs"] = graph_macs(build / "model_fp32.tflite")
         results["tflite_over_onnxruntime"] = round(results["tflite_fp32"]["median_ms"] / results["onnxruntime"]["median_ms"], 3)
         print(f"{build.name:>24} TFLite fp32 / ONNX Runtime: {results['tflite_over_onnxruntime']:.2f}x")

@@ -133,6 +133,21 @@ def test_greedy_loop_on_real_weights_transcribes_speech_as_transformers_generate
     assert word_errors(sentence, text) == (0, 9), text
 
 
+def _doit_paths(run: DoitRun, task: str, field: str) -> set[str]:
+    listed = run("info", task, check=False).stdout.split(f"{field}")[1].split("\n\n")[0]
+    return {line.strip()[2:] for line in listed.splitlines() if line.strip().startswith("- ")}
+
+
+def test_a_graph_that_reads_its_siblings_waits_for_them(tmp_path):
+    """The decoder step's calibration runs the cross K/V graph: doit orders tasks by matching file_dep to target
+    strings, so the sibling's file must be named exactly as the task that makes it names it (no '..')."""
+    run = DoitRun(tmp_path)
+    write_entry(run.zoo, with_random_weights(tiny_entry_data("whisper_tiny_en", "wt_order"), tmp_path))
+    made = _doit_paths(run, "convert:wt_order.cross_kv", "targets")
+    needed = _doit_paths(run, "quantize:wt_order.decoder_step", "file_dep")
+    assert made & needed and not any("/../" in path for path in needed)
+
+
 @pytest.fixture(scope="module")
 def tiny_build(tmp_path_factory):
     """A tiny Whisper (random weights, one layer each side) through the whole doit pipeline."""

@@ -47,6 +47,7 @@ class CTCGraph:
             raise ValueError(f"{self.file} does not exist")
         self.files = {"model": self.file}  # as WhisperGraphs.files: graph -> the file it runs
         self.runner = (onnx_runner if backend == "onnx" else tflite_runner)(self.file, threads)
+        self.runners = {"model": self.runner}  # as WhisperGraphs.runners
         self._to_layout = to_layout
         labels = build_dir / "labels.json"
         self.labels = json.loads(labels.read_text()) if labels.exists() else None

@@ -86,7 +86,8 @@ def speech(entry: Entry, build_dir: Path) -> dict:
         total = time.perf_counter() - start
         texts = [graphs.text(ids) for ids in decoded]
         files = ", ".join(p.relative_to(build_dir).as_posix() for p in graphs.files.values())
-        result = {"runs": BACKENDS.get(backend, f"LiteRT on {files}"),
+        kernels = sorted({getattr(r, "kernels", "onnxruntime") for r in graphs.runners.values()})
+        result = {"runs": BACKENDS.get(backend, f"LiteRT on {files}"), "kernels": kernels,
                   "threads": threads, "transcripts": texts, "wer_vs_spoken": _wer(list(zip(sentences, texts))),
                   "wer_vs_torch": _wer([(graphs.text(r), t) for r, t in zip(torch_ids, texts)]),
                   **graphs.latency_ms(), "real_time_factor": round(total / audio_s, 4)}

@@ -1,5 +1,5 @@
-"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate, (quantize, fidelity), npu and
-card tasks, and build:<id>. A split entry (Whisper) gets the per-graph stages once per graph, named <id>.<graph>,
+"""doit tasks: every zoo/*.json entry becomes export, simplify, convert, validate, (quantize, fidelity), npu, bench
+and card tasks, and build:<id>. A split entry (Whisper) gets the per-graph stages once per graph, named <id>.<graph>,
 and a speech task that decodes whole utterances with the graphs.
 
 Only the translation from entries to tasks lives here; the stages are in tools/stages. Each task depends on
@@ -65,7 +65,7 @@ for _stage in STAGES.values():
 
 def task_build():
     """All stages of an entry: ONNX, simplified ONNX, fp32 TFLite, validation, INT8 variants and fidelity, NPU
-    placement, (transcripts), card"""
+    placement, host benchmarks, (transcripts), card"""
     for entry in ENTRIES:
         yield {"name": entry.id, "doc": f"build everything for {entry.id}", "actions": None,
                "task_dep": [f"card:{entry.id}"]}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.stages.bench import time_runs  # noqa: E402
 from tools.stages.validate import load_reference, onnx_runner, tflite_runner  # noqa: E402
 from tools.weights import sha256_of  # noqa: E402
 
@@ -33,16 +34,6 @@ def graphs(build: Path) -> list[tuple]:
     record = build / "quantize.json"
     int8 = json.loads(record.read_text())["variants"] if record.exists() else {}
     return [*RUNTIMES, *((f"tflite_{name}", v["file"], tflite_runner) for name, v in int8.items())]
-
-
-def time_runs(run, inputs: dict, runs: int) -> list[float]:
-    run(inputs)  # warm-up: allocation, XNNPACK packing
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run(inputs)
-        times.append((time.perf_counter() - start) * 1000)
-    return times
 
 
 def graph_macs(path: Path) -> int:

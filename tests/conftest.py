@@ -29,6 +29,19 @@ def write_entry(zoo: Path, data: dict) -> Path:
     return path
 
 
+def zero_weights_of_op(model: bytes, op_index: int) -> bytes:
+    """A copy of the .tflite with the constant weights (input 1) of one op set to zero, in place."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    data = bytearray(model)
+    root = schema.Model.GetRootAsModel(data, 0)
+    graph = root.Subgraphs(0)
+    weights = graph.Tensors(graph.Operators(op_index).Inputs(1))
+    view = root.Buffers(weights.Buffer()).DataAsNumpy()  # a view into `data`
+    view[:] = 0
+    return bytes(data)
+
+
 class DoitRun:
     """doit on a zoo and build folder of the test's own, with its own state database."""
 

@@ -210,7 +210,7 @@ def tiny_build(tmp_path_factory):
 
 def test_tiny_build_runs_every_stage_and_reruns_nothing(tiny_build):
     run, first = tiny_build
-    stages = ("export", "simplify", "convert", "validate", "quantize", "fidelity", "npu", "speech", "card")
+    stages = ("export", "simplify", "convert", "validate", "quantize", "fidelity", "npu", "bench", "speech", "card")
     assert first.ran == {f"{s}:cf_tiny" for s in stages}
     assert not run("run", "build", env=RANDOM).ran
 

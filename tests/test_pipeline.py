@@ -14,7 +14,7 @@ import pytest
 from tools.tflite_graph import read_graph
 
 from conftest import RANDOM, ROOT, DoitRun, tiny_entry_data, write_entry
-STAGES = ("export", "simplify", "convert", "validate", "quantize", "fidelity", "npu", "card")
+STAGES = ("export", "simplify", "convert", "validate", "quantize", "fidelity", "npu", "bench", "card")
 
 
 def _tasks(entry_id, *stages):
@@ -154,7 +154,7 @@ def test_changed_calibration_reruns_only_the_int8_stages_and_card(built):
     serial, _, _ = built
     old = json.loads((serial.build / "dn_tiny" / "quantize.json").read_text())["calibration"]["sha256"]
     _edit(serial, "dn_tiny", lambda d: d["quantization"]["calibration"].__setitem__("seed", 7))
-    assert serial("run", "build", env=RANDOM).ran == _tasks("dn_tiny", "quantize", "fidelity", "npu", "card")
+    assert serial("run", "build", env=RANDOM).ran == _tasks("dn_tiny", "quantize", "fidelity", "npu", "bench", "card")
     assert json.loads((serial.build / "dn_tiny" / "quantize.json").read_text())["calibration"]["sha256"] != old
 
 
@@ -192,7 +192,7 @@ def test_converter_upgrade_reruns_convert_and_after(built, tmp_path):
     upgraded = serial("run", "build:dn_tiny", env=env)
     # INT8 reruns only if the fp32 graph it starts from came out different.
     same = _sha(serial.build / "dn_tiny" / "model_fp32.tflite") == before
-    int8 = () if same else ("quantize", "fidelity", "npu")
+    int8 = () if same else ("quantize", "fidelity", "npu", "bench")
     assert upgraded.ran == _tasks("dn_tiny", "convert", "validate", *int8, "card")
     card = json.loads((serial.build / "dn_tiny" / "card.json").read_text())
     assert card["tools"]["onnx2tf"] == "9.9.9"
@@ -217,3 +217,34 @@ def test_missing_weights_stop_the_build_naming_the_opt_in(tmp_path):
             "SenseTime/deformable-detr@83ecd26945199939cb82806f988debdb71e6f43e/model.safetensors") in failed.stderr
     assert "set ZOO_WEIGHTS=random" in failed.stderr and "Traceback" not in failed.stderr
     assert not (run.build / "dd_tiny" / "model.onnx").exists()
+
+
+def test_bench_times_every_runtime_and_sweeps_the_declared_sizes(built):
+    serial, _, _ = built
+    out = serial.build / "dn_tiny"
+    bench = json.loads((out / "bench.json").read_text())
+    data = json.loads((serial.zoo / "dn_tiny.json").read_text())
+    assert set(bench["host_latency"]) == {"torch", "onnxruntime", "tflite_fp32", "tflite_int8_pt", "tflite_int8_pc"}
+    assert all(r["median_ms"] > 0 and r["runs"] == data["bench"]["runs"] for r in bench["host_latency"].values())
+    assert bench["host_latency"]["tflite_int8_pt"]["sha256"] == _sha(out / "model_int8_pt.tflite")
+    built_size = data["inputs"][0]["shape"][-2:]
+    sizes = [p["size"] for p in bench["sweep"]]
+    assert sorted(map(tuple, sizes)) == sorted({tuple(s) for s in data["bench"]["input_sizes"]} | {tuple(built_size)})
+    at_built = next(p for p in bench["sweep"] if p["built"])
+    assert at_built["size"] == built_size and set(at_built["tflite"]) == {"tflite_fp32", "tflite_int8_pt", "tflite_int8_pc"}
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    card = json.loads((out / "card.json").read_text())
+    assert card["host_latency"]["host_latency"]["torch"]["median_ms"] == bench["host_latency"]["torch"]["median_ms"]
+    markdown = (out / "card.md").read_text()
+    assert "## Host latency (measured" in markdown and "![host latency against input size](bench.png)" in markdown
+
+
+def test_changed_bench_sizes_rerun_only_bench_and_card(built):
+    serial, _, _ = built
+    _edit(serial, "dn_tiny", lambda d: d["bench"].__setitem__("input_sizes", [[64, 64]]))
+    assert serial("run", "build:dn_tiny", env=RANDOM).ran == _tasks("dn_tiny", "bench", "card")
+    built_size = json.loads((serial.zoo / "dn_tiny.json").read_text())["inputs"][0]["shape"][-2:]
+    sweep = json.loads((serial.build / "dn_tiny" / "bench.json").read_text())["sweep"]
+    assert [p["size"] for p in sweep] == sorted([[64, 64], built_size], key=lambda s: s[0] * s[1])
+    smaller = next(p for p in sweep if not p["built"])  # exported again at 64x64: computes what torch computes
+    assert smaller["onnx_max_abs_vs_torch"] < 1e-3 and "tflite" not in smaller and smaller["torch"]["median_ms"] > 0

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import ROOT, tiny_entry_data, write_entry
+from conftest import ROOT, tiny_entry_data, write_entry, zero_weights_of_op
 from tools.calibration import calibration_set, overlap_with_validation
 from tools.entry import EntryError, load_entry
 from tools.metrics import agreement, cosine, detections, match_detections, sqnr_db
@@ -136,19 +136,6 @@ def test_bad_quantization_sections_are_named(tmp_path, change, path, message):
     assert err.value.json_path == path and message in err.value.message
 
 
-def _zero_weights_of_op(model: bytes, op_index: int) -> bytes:
-    """A copy of the .tflite with the constant weights (input 1) of one op set to zero, in place."""
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    data = bytearray(model)
-    root = schema.Model.GetRootAsModel(data, 0)
-    graph = root.Subgraphs(0)
-    weights = graph.Tensors(graph.Operators(op_index).Inputs(1))
-    view = root.Buffers(weights.Buffer()).DataAsNumpy()  # a view into `data`
-    view[:] = 0
-    return bytes(data)
-
-
 def test_layer_report_points_at_the_damaged_layer(built, tmp_path):
     from tools.stages.fidelity import layer_report
     from tools.stages.validate import load_reference
@@ -163,7 +150,7 @@ def test_layer_report_points_at_the_damaged_layer(built, tmp_path):
     target = convs[2]
     assert healthy["first_diverging"] is None or healthy["first_diverging"]["op_index"] > target
     damaged = tmp_path / "damaged.tflite"
-    damaged.write_bytes(_zero_weights_of_op(int8.read_bytes(), target))
+    damaged.write_bytes(zero_weights_of_op(int8.read_bytes(), target))
     report = layer_report(build / "model_fp32.tflite", damaged, feed, 20.0, 5)
     assert report["first_diverging"]["op_index"] == target and report["first_diverging"]["op"] == "CONV_2D"
     assert report["first_diverging"]["sqnr_db"] < 3

@@ -13,7 +13,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import RANDOM, ROOT, DoitRun, tiny_entry_data, write_entry
+from conftest import RANDOM, ROOT, DoitRun, tiny_entry_data, write_entry, zero_weights_of_op
 from tools.entry import load_entry
 from tools.smoke import with_random_weights
 from tools.whisper_runtime import Tokenizer, greedy_decode, settings_of, word_errors
@@ -248,6 +248,8 @@ def test_calibration_sentence_that_is_also_a_validation_sentence_is_refused(tmp_
 def test_speech_stage_fails_an_int8_variant_beyond_its_word_error_rate(tiny_build, tmp_path):
     import shutil
 
+    from tools.tflite_graph import read_graph
+
     run, _ = tiny_build
     data = json.loads((run.zoo / "wt_tiny.json").read_text())
     data["quantization"]["variants"][1].pop("trial")  # the INT8 decoder, gated like any variant
@@ -255,6 +257,13 @@ def test_speech_stage_fails_an_int8_variant_beyond_its_word_error_rate(tiny_buil
     zoo = tmp_path / "zoo"
     write_entry(zoo, data)
     shutil.copytree(run.build / "wt_tiny", tmp_path / "wt_tiny")
+    # An INT8 decoder that lost its words: its vocabulary projection zeroed, so every step's logits tie.
+    decoder = tmp_path / "wt_tiny" / "decoder_step" / "model_int8_decoder.tflite"
+    graph = read_graph(decoder)
+    vocabulary = max(graph.tensors[o].shape[-1] for o in graph.outputs)
+    projection = next(op.index for op in graph.ops if op.name == "FULLY_CONNECTED"
+                      and graph.tensors[op.outputs[0]].shape[-1] == vocabulary)
+    decoder.write_bytes(zero_weights_of_op(decoder.read_bytes(), projection))
     proc = subprocess.run([sys.executable, "-m", "tools.stage", "speech", str(zoo / "wt_tiny.json"), str(tmp_path / "wt_tiny")],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, **RANDOM})
     record = json.loads((tmp_path / "wt_tiny" / "speech.json").read_text())

@@ -102,12 +102,17 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
 
 
+def _plots(card: dict) -> list[str]:
+    """The figures card.md shows (the bench stage's latency plot)."""
+    return [card["host_latency"]["plot"]] if "host_latency" in card else []
+
+
 def index_entry(card: dict, dist_dir: Path, runtime: list[str]) -> dict:
     entry_id = card["id"]
     built = {a["path"] for a in card["artifacts"]}
     variants = {v: {"files": [_file_record(dist_dir, entry_id, f) for f in [*files, *runtime]]}
                 for v, files in _variant_files(card).items() if set(files) <= built}
-    documents = [_file_record(dist_dir, entry_id, n) for n in ("card.md", "card.json", "provenance.json")]
+    documents = [_file_record(dist_dir, entry_id, n) for n in ("card.md", "card.json", *_plots(card), "provenance.json")]
     weights = card["weights"]
     return {
         "title": card["title"],
@@ -146,7 +151,7 @@ def publish(entry_id: str, build_root: Path, dist_dir: Path, zoo_dir: Path) -> d
     built = {a["path"] for a in card["artifacts"]}
     runtime = _runtime_files(card, build_dir)
     graph_files = {f for files in _variant_files(card).values() if set(files) <= built for f in files}
-    for name in sorted(graph_files) + runtime + ["card.md", "card.json"]:
+    for name in sorted(graph_files) + runtime + ["card.md", "card.json", *_plots(card)]:
         _copy(build_dir / name, folder / name)
     write_json(folder / "provenance.json", {
         "id": entry_id, "built": card["generated"], "host": card["host"], "weights": card["weights"],

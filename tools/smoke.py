@@ -32,6 +32,9 @@ def smoke_entry_data(data: dict, new_id: str) -> dict:
     out["source"].setdefault("config", {}).update(smoke.get("config", {}))
     for spec, shape in zip(out["inputs"], smoke["input_shapes"]):
         spec["shape"] = list(shape)
+    # the sweep keeps the declared sizes no larger than the smoke input: a tiny model at 800x800 tests nothing more
+    built = out["inputs"][0]["shape"][-2:]
+    out["bench"]["input_sizes"] = [s for s in out["bench"]["input_sizes"] if s[0] <= built[0] and s[1] <= built[1]] or [built]
     for key in ("samples", "sentences"):
         if key in out["validation"]:
             out["validation"][key] = out["validation"][key][:SMOKE_SAMPLES]

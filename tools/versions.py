@@ -12,6 +12,7 @@ STAGE_TOOLS = {
     "quantize": ["tensorflow", "numpy", "scikit-image", "pillow"],
     "fidelity": ["ai-edge-litert", "numpy"],
     "npu": ["tensorflow"],
+    "bench": ["torch", "transformers", "timm", "onnxruntime", "ai-edge-litert", "numpy", "matplotlib"],
 }
 
 

@@ -28,9 +28,12 @@ class Stage:
     per_graph: bool = False      # runs once per graph of a split entry, in build/<id>/<graph>/
     split_needs: tuple[str, ...] = ()  # per graph of a split: files of the whole entry's folder it also reads
     speech_only: bool = False    # runs only for speech entries (those that declare $.decoding)
+    single_only: bool = False    # runs only for single-graph entries (a split's graphs have the split's shapes)
 
     def applies_to(self, entry) -> bool:
         if self.speech_only and "decoding" not in entry.data:
+            return False
+        if self.single_only and entry.graphs:
             return False
         return not self.int8_only or int8_enabled(entry)
 
@@ -93,7 +96,7 @@ def variant_files(entry) -> list[str]:
 def _expand(names: tuple[str, ...], entry) -> list[str]:
     """File names for this entry: 'model_{variant}.tflite' is one per INT8 variant; '{graph}/' is each graph's
     folder of a split entry (nothing for a single-graph entry); '{split}' marks a file only split entries have,
-    '{speech}' one only speech entries have.
+    '{speech}' one only speech entries have, '{single}' one only single-graph entries have.
     Duplicates are dropped, order kept."""
     out = []
     for name in names:
@@ -101,6 +104,10 @@ def _expand(names: tuple[str, ...], entry) -> list[str]:
             if not entry.graphs:
                 continue
             name = name.removeprefix("{split}")
+        if name.startswith("{single}"):  # a file only single-graph entries have
+            if entry.graphs:
+                continue
+            name = name.removeprefix("{single}")
         if name.startswith("{speech}"):  # a file only speech entries have
             if "decoding" not in entry.data:
                 continue
@@ -153,9 +160,16 @@ STAGES = {s.name: s for s in [
           ("export.json", "{graph}/model.onnx", "{graph}/model_fp32.tflite", "{graph}/validation.json"), ("speech.json",),
           speech_only=True, needs_int8=("{graph}/model_{variant}.tflite",),
           code=("tools/whisper_runtime.py", "tools/ctc_runtime.py", "tools/inputs.py", "tools/speech.py", "tools/logmel.py", "tools/stages/validate.py")),
+    Stage("bench", "host latency of torch, ONNX Runtime, TFLite fp32 and each INT8 variant, and torch and ONNX Runtime "
+          "over the declared input sizes (bench.png)",
+          ("source", "weights", "inputs", "validation", "export.opset", "export.patches", "bench"),
+          ("reference.npz", "model.onnx", "model_sim.onnx", "model_fp32.tflite"), ("bench.png", "bench.json"),
+          env=("ZOO_WEIGHTS",), needs_int8=("model_{variant}.tflite",), single_only=True, after=("validate",),
+          code=("tools/sources.py", "tools/weights.py", "tools/keymaps.py", "tools/inputs.py", "tools/patches/*.py",
+                "tools/families/*.py", "tools/stages/export.py", "tools/stages/validate.py")),
     Stage("card", "card.json (schema-checked) and card.md from the stage records", ALL_SECTIONS,
           ("export.json", "{graph}/export.json", "{graph}/simplify.json", "{graph}/convert.json",
            "{graph}/validation.json", "{graph}/model.onnx", "{graph}/model_sim.onnx", "{graph}/model_fp32.tflite",
-           "{graph}/npu.json", "{speech}speech.json"), ("card.md", "card.json"), code=("tools/provenance.py",),
+           "{graph}/npu.json", "{speech}speech.json", "{single}bench.json", "{single}bench.png"), ("card.md", "card.json"), code=("tools/provenance.py",),
           needs_int8=("{graph}/quantize.json", "{graph}/fidelity.json", "{graph}/model_{variant}.tflite")),
 ]}

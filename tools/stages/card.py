@@ -83,6 +83,12 @@ def build_card(entry: Entry, build_dir: Path) -> dict:
         card["split"] = exported["split"]
         card["graphs"] = graphs
         card["stages"] = export_cost
+    if not entry.graphs:
+        bench = json.loads((build_dir / "bench.json").read_text())
+        card["host_latency"] = {k: bench[k] for k in ("threads", "runs", "built_size", "host_latency", "sweep", "plot",
+                                                       "sweep_note", "finished", "tools")}
+        card["host_latency"]["plot_sha256"] = sha256_of(build_dir / "bench.png")
+        card["stages"]["bench"] = {k: bench[k] for k in ("wall_s", "peak_rss_mib")}
     if "decoding" in entry.data:
         speech_record = json.loads((build_dir / "speech.json").read_text())
         card["speech"] = {k: speech_record[k] for k in ("passed", "sentences", "audio_s", "trained_weights", "backends",
@@ -116,6 +122,8 @@ def render_markdown(card: dict) -> str:
             lines += [f"## Graph `{name}`", ""] + _graph_markdown(section, "###")
     else:
         lines += _graph_markdown(card, "##")
+    if "host_latency" in card:
+        lines += _host_markdown(card["host_latency"], card["host"])
     lines += ["", "## Artifacts", "", "| file | bytes | sha256 |", "|---|---|---|"]
     lines += [f"| {a['path']} | {a['bytes']:,} | `{a['sha256']}` |" for a in card["artifacts"]]
     lines += ["", "## Build (measured in this build, on the host above)", "", "| stage | wall s | peak RSS MiB |", "|---|---|---|"]
@@ -181,6 +189,23 @@ def _speech_markdown(card: dict) -> list[str]:
         return lines + [""]
     split = card["split"]
     return lines + ["", f"Split `{split['name']}`: {split['summary']}.", ""]
+
+
+def _host_markdown(bench: dict, host: dict) -> list[str]:
+    """Host latency and the input-size sweep (bench stage): measured here, never the 8MP's."""
+    lines = ["", f"## Host latency (measured {bench['finished']} on the host above: not the 8MP)", "",
+             f"{bench['threads']} threads, median of {bench['runs']} runs after one warm-up, first validation input, "
+             f"built size {bench['built_size'][0]}x{bench['built_size'][1]}.", "",
+             "| runtime | file | kernels | median ms | mean ms |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['file'] or 'torch module'} | {r['kernels']} | {r['median_ms']} | {r['mean_ms']} |"
+              for name, r in bench["host_latency"].items()]
+    lines += ["", "Input-size sweep (each size exported again with the entry's patches; " + bench["sweep_note"] + "):", "",
+              "| size | torch ms | ONNX Runtime ms | ONNX max abs vs torch | TFLite ms |", "|---|---|---|---|---|"]
+    for p in bench["sweep"]:
+        tflite = ", ".join(f"{k.removeprefix('tflite_')} {v}" for k, v in p.get("tflite", {}).items()) or "not converted"
+        lines.append(f"| {p['size'][0]}x{p['size'][1]} | {p['torch']['median_ms']} | {p['onnxruntime']['median_ms']} | "
+                     f"{p['onnx_max_abs_vs_torch']:.3g} | {tflite} |")
+    return lines + ["", f"![host latency against input size]({bench['plot']})", ""]
 
 
 def _npu_markdown(npu: dict, h: str) -> list[str]:

@@ -78,7 +78,7 @@ def export(entry: Entry, build_dir: Path) -> dict:
                 reference[f"{i}/input/{name}"] = sample[name]
             for name, value in zip(output_names, outs):
                 reference[f"{i}/output/{name}"] = value.numpy().astype(np.float32)
-        model = _write_onnx(graph, tuple(torch.from_numpy(samples[0][n]) for n in input_names), input_names,
+        model = write_onnx(graph, tuple(torch.from_numpy(samples[0][n]) for n in input_names), input_names,
                             output_names, entry, build_dir)
     _write_reference(reference, build_dir)
     validation = entry.data["validation"]
@@ -123,7 +123,7 @@ def _ctc_record(entry: Entry, build_dir: Path, weights: dict, logits: list, forw
             "torch": {"decoded": [greedy_ids(x, blank) for x in logits], "timings": {"forward_s": forward_s}}}
 
 
-def _write_onnx(graph, example: tuple, input_names: list, output_names: list, entry: Entry, build_dir: Path):
+def write_onnx(graph, example: tuple, input_names: list, output_names: list, entry: Entry, build_dir: Path):
     with atomic_path(build_dir / "model.onnx") as tmp:
         torch.onnx.export(graph, example, str(tmp), opset_version=entry.data["export"]["opset"],
                           input_names=input_names, output_names=output_names, dynamo=False, do_constant_folding=True)
@@ -167,7 +167,7 @@ def _export_split(entry: Entry, build_dir: Path, module, weights: dict) -> dict:
                 reference.update({f"{i}/input/{n}": inputs[n] for n in input_names})
                 reference.update({f"{i}/output/{n}": v.numpy().astype(np.float32) for n, v in zip(output_names, outs)})
             example = tuple(torch.from_numpy(feeds[name][0][1][n]) for n in input_names)
-            model = _write_onnx(modules[name], example, input_names, output_names, entry, folder)
+            model = write_onnx(modules[name], example, input_names, output_names, entry, folder)
         _write_reference(reference, folder)
         graphs[name] = {
             "opset": entry.data["export"]["opset"], "exporter": EXPORTER, "patches": [],

@@ -90,12 +90,14 @@ def task_publish():
 
 
 def task_board():
-    """Measure a built entry's .tflite files on the board ZOO_TARGET names (ssh://user@host[:port] or adb://SERIAL)"""
+    """Build an entry, time its .tflite files on the board ZOO_TARGET names (ssh://user@host[:port] or adb://SERIAL)
+    into board.json, and render its card again with the board's figures"""
     for entry in ENTRIES:
+        out = BUILD / entry.id
         yield {"name": entry.id, "doc": f"time {entry.id}'s graphs on the board (VX delegate and CPU) into board.json",
-               "actions": [[sys.executable, "-m", "tools.board", "--build", str(BUILD / entry.id),
-                            "-o", str(BUILD / entry.id / "board.json")]],
-               "uptodate": [False], "verbosity": 2}
+               "actions": [[sys.executable, "-m", "tools.board", "--build", str(out), "-o", str(out / "board.json")],
+                           [sys.executable, "-m", "tools.stage", "card", str(entry.path), str(out)]],
+               "task_dep": [f"card:{entry.id}"], "uptodate": [False], "verbosity": 2}
 
 
 def task_fetch():

@@ -1,12 +1,16 @@
 """Shared fixtures: tiny variants of the real zoo entries, and doit run in a temporary folder."""
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,45 @@ def built(tmp_path_factory):
     first = serial("run", "build", env=RANDOM)
     parallel("run", "-n", "2", "build", env=RANDOM)
     return serial, parallel, first
+
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"  # a loopback SSH server stands in for a board
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """(ssh:// target, environment) of an OpenSSH server on loopback with its own keys, for tools.board."""
+    if not os.path.exists(SSHD):
+        pytest.skip("OpenSSH's sshd is not installed (scripts/setup.sh installs openssh-server)")
+    home = tmp_path_factory.mktemp("sshd")
+    for key in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / key)], check=True)
+    (home / "authorized_keys").write_text((home / "client_key.pub").read_text())
+    port = free_port()
+    (home / "sshd_config").write_text("\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {home / 'host_key'}", f"PidFile {home / 'sshd.pid'}",
+        f"AuthorizedKeysFile {home / 'authorized_keys'}", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", ""]))
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
+    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(home / "sshd_config")], stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if server.poll() is not None:
+                pytest.fail(f"sshd did not start: {server.stderr.read()}")
+            time.sleep(0.1)
+    env = {"ZOO_SSH_OPTIONS": f"-i {home / 'client_key'} -o UserKnownHostsFile={home / 'known_hosts'} "
+                              "-o StrictHostKeyChecking=accept-new",
+           "ZOO_TARGET_PYTHON": sys.executable}  # the 'board's' Python: this one, which has LiteRT
+    yield f"ssh://{getpass.getuser()}@127.0.0.1:{port}", env
+    server.terminate()
+    server.wait(timeout=10)

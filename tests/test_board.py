@@ -4,60 +4,17 @@ comes back. The adb path shares the runner; without a device its command lines a
 """
 from __future__ import annotations
 
-import getpass
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, free_port
 from tools import board
 from tools.board_runner import parse_benchmark_model
-
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    if not os.path.exists(SSHD):
-        pytest.skip("OpenSSH's sshd is not installed (scripts/setup.sh installs openssh-server)")
-    home = tmp_path_factory.mktemp("sshd")
-    for key in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / key)], check=True)
-    (home / "authorized_keys").write_text((home / "client_key.pub").read_text())
-    port = _free_port()
-    (home / "sshd_config").write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {home / 'host_key'}", f"PidFile {home / 'sshd.pid'}",
-        f"AuthorizedKeysFile {home / 'authorized_keys'}", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", ""]))
-    if os.geteuid() == 0:
-        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
-    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(home / "sshd_config")], stderr=subprocess.PIPE, text=True)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if server.poll() is not None:
-                pytest.fail(f"sshd did not start: {server.stderr.read()}")
-            time.sleep(0.1)
-    env = {"ZOO_SSH_OPTIONS": f"-i {home / 'client_key'} -o UserKnownHostsFile={home / 'known_hosts'} "
-                              "-o StrictHostKeyChecking=accept-new",
-           "ZOO_TARGET_PYTHON": sys.executable}  # the 'board's' Python: this one, which has LiteRT
-    yield f"ssh://{getpass.getuser()}@127.0.0.1:{port}", env
-    server.terminate()
-    server.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +76,7 @@ def test_unreachable_board_and_bad_targets_are_one_line_errors(sshd, tiny_tflite
     url, env = sshd
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    wrong_port = url.rsplit(":", 1)[0] + f":{_free_port()}"
+    wrong_port = url.rsplit(":", 1)[0] + f":{free_port()}"
     assert board.main([str(tiny_tflite), "--target", wrong_port, "--runs", "1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: making a work folder on ssh://") and "exit 255" in err and "Traceback" not in err

@@ -83,6 +83,22 @@ def test_unregistered_op_falls_back_and_splits_the_graph_in_two_partitions(tmp_p
     assert report["summary"]["crossing_tensors"] == 2  # ADD's output to the CPU, CUMSUM's back to the NPU
 
 
+def test_partition_boundaries_are_priced_by_their_stated_prior(tmp_path):
+    import tensorflow as tf
+
+    from tools.estimate import estimate, load_model
+
+    model = load_model()
+    overhead = model["npu"]["coefficients"]["overhead_ms"]
+    split = estimate(analyse(_tflite(tmp_path, lambda x: tf.math.cumsum(x + 1.0, axis=1) * 3.0, [_spec([1, 16])])), model)
+    whole = estimate(analyse(_tflite(tmp_path, lambda x: (x + 1.0) * 3.0, [_spec([1, 16])], name="whole")), model)
+    boundaries = split["boundaries"]
+    assert boundaries["partitions"] == 2 and boundaries["crossing_bytes"] == 2 * 16 * 4  # two float [1, 16] copies
+    assert boundaries["ms"] == pytest.approx(overhead + 128 / 4e6, abs=1e-3) and "prior, not fitted" in boundaries["basis"]
+    assert whole["boundaries"]["ms"] == 0
+    assert split["npu"]["ms"] == pytest.approx(whole["npu"]["ms"] + boundaries["ms"], abs=0.01)
+
+
 def test_independent_npu_ops_on_both_sides_of_a_cpu_op_join_one_partition(tmp_path):
     import tensorflow as tf
 
@@ -161,7 +177,7 @@ def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
 
     path = bench.int8_tflite(bench.build(name), tmp_path / f"{name}.tflite")
     model = load_model()
-    result = estimate(analyse(path)["ops"], model)
+    result = estimate(analyse(path), model)
     row = bench.features(path)
     for target, key in (("npu", "npu"), ("cpu", "cpu_4_threads")):
         c = model[target]["coefficients"]
@@ -171,4 +187,5 @@ def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
         low, high = result[key]["range_ms"]
         assert low <= result[key]["ms"] <= high and low / 1.5 <= published <= high * 1.5
     assert result["label"] == "estimated, not measured" and result["cpu_fallback_macs"] == 0
+    assert result["boundaries"]["ms"] == 0, "a wholly delegated graph, as the fit saw it: no boundary to price"
     assert set(model["npu"]["loo_relative_errors"]) == set(bench.PUBLISHED), "the committed fit covers every published model"

@@ -248,3 +248,80 @@ def test_changed_bench_sizes_rerun_only_bench_and_card(built):
     assert [p["size"] for p in sweep] == sorted([[64, 64], built_size], key=lambda s: s[0] * s[1])
     smaller = next(p for p in sweep if not p["built"])  # exported again at 64x64: computes what torch computes
     assert smaller["onnx_max_abs_vs_torch"] < 1e-3 and "tflite" not in smaller and smaller["torch"]["median_ms"] > 0
+
+
+def test_card_front_matter_is_a_hugging_face_header(built):
+    import yaml
+
+    serial, _, _ = built
+    for entry_id, random in (("dn_tiny", False), ("dd_tiny", True)):
+        markdown = (serial.build / entry_id / "card.md").read_text()
+        assert markdown.startswith("---\n")
+        header = yaml.safe_load(markdown.split("---\n")[1])
+        data = json.loads((serial.zoo / f"{entry_id}.json").read_text())
+        assert header["license"] == data["license"]["weights"].lower() and header["pipeline_tag"] == "object-detection"
+        assert {"imx8mp", "tflite", "int8"} <= set(header["tags"]) and ("random-weights" in header["tags"]) == random
+        assert header.get("base_model") == (data["weights"]["repo"] if data["weights"]["kind"] == "hub" else None)
+
+
+def test_card_refuses_a_measurement_without_its_record(built):
+    serial, _, _ = built
+    schema = json.loads((ROOT / "schema" / "card.schema.json").read_text())
+    card = json.loads((serial.build / "dn_tiny" / "card.json").read_text())
+    jsonschema.validate(card, schema)
+    estimate = next(iter(next(iter(card["npu"]["estimates"].values())).values()))
+    for section, key in ((card["host_latency"], "finished"), (card["host_latency"], "tools"),
+                         (estimate, "label"), (estimate, "first_inference")):
+        value = section.pop(key)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(card, schema)
+        section[key] = value
+    card["host_latency"]["figure_typed_in"] = 12.5
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(card, schema)
+
+
+def test_bench_with_a_board_target_measures_there_and_the_card_shows_it(built, sshd, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    serial, _, _ = built
+    url, ssh_env = sshd
+    build = tmp_path / "dn_tiny"
+    shutil.copytree(serial.build / "dn_tiny", build)
+    entry = serial.zoo / "dn_tiny.json"
+
+    def stage(name, **env):
+        proc = subprocess.run([sys.executable, "-m", "tools.stage", name, str(entry), str(build)], cwd=ROOT,
+                              capture_output=True, text=True, env={**os.environ, **RANDOM, **ssh_env, **env})
+        assert proc.returncode == 0, proc.stderr
+
+    stage("bench", ZOO_TARGET=url)
+    stage("card")
+    assert json.loads((build / "bench.json").read_text())["board"] == "board.json"
+    board = json.loads((build / "board.json").read_text())
+    card = json.loads((build / "card.json").read_text())
+    graphs = {a["path"] for a in card["artifacts"] if a["path"].endswith(".tflite")}
+    assert set(card["board"]["results"]) == graphs and card["board"]["stale"] == [] and card["board"]["target"] == url
+    cpu = card["board"]["results"]["model_fp32.tflite"]["cpu"]
+    assert cpu["steady"]["runs"] == board["how"]["runs"] and cpu["first_ms"] > 0 and cpu["threads"] == 4
+    markdown = (build / "card.md").read_text()
+    assert f"## 8MP measured on a board ({board['when']}, {url})" in markdown and "| model_int8_pt.tflite | cpu |" in markdown
+    # a graph changed after the board timed it: its figures leave the card, named as stale
+    with open(build / "model_int8_pt.tflite", "ab") as f:
+        f.write(b"\0")
+    stage("card")
+    card = json.loads((build / "card.json").read_text())
+    assert set(card["board"]["results"]) == graphs - {"model_int8_pt.tflite"} and card["board"]["stale"] == ["model_int8_pt.tflite"]
+    assert "| model_int8_pt.tflite | cpu |" not in (build / "card.md").read_text()
+    failed = subprocess.run([sys.executable, "-m", "tools.stage", "bench", str(entry), str(build)], cwd=ROOT, capture_output=True,
+                            text=True, env={**os.environ, **RANDOM, **ssh_env, "ZOO_TARGET": "ftp://board"})
+    assert failed.returncode == 1 and "unset ZOO_TARGET" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_card_without_a_board_record_says_not_measured(built):
+    serial, _, _ = built
+    markdown = (serial.build / "dn_tiny" / "card.md").read_text()
+    assert "## 8MP measured on a board\n\nNot measured" in markdown and "doit board:dn_tiny" in markdown
+    assert "board" not in json.loads((serial.build / "dn_tiny" / "card.json").read_text())

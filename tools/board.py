@@ -111,6 +111,11 @@ def remote_names(models: list[Path]) -> list[str]:
     return named
 
 
+def build_models(build: Path) -> list[Path]:
+    """Every .tflite of a build folder, a split entry's graphs' folders included."""
+    return sorted(build.glob("*.tflite")) + sorted(build.glob("*/*.tflite"))
+
+
 def measure(target: Target, models: list[Path], runs: int = 50, threads: int = 4) -> dict:
     """Run every model on the board (NPU and CPU); the record, with the board's identity and the files' sha256."""
     names = remote_names(models)
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.target:
             raise BoardError("no target: set ZOO_TARGET=ssh://user@host[:port] or adb://SERIAL, or pass --target")
         if args.build:
-            args.models += sorted(args.build.glob("*.tflite")) + sorted(args.build.glob("*/*.tflite"))
+            args.models += build_models(args.build)
         if not args.models:
             raise BoardError(f"no .tflite files to measure{f' in {args.build}: build the entry first' if args.build else ''}")
         missing = [str(m) for m in args.models if not m.is_file()]

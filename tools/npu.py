@@ -186,16 +186,12 @@ def partitions(graph: Graph, placed: list[dict]) -> list[tuple[str, list[int]]]:
     return subsets
 
 
-def crossing_tensors(graph: Graph, placed: list[dict]) -> list[str]:
-    """Activations made on one side (NPU or CPU) and read on the other: each is a copy and a sync."""
+def crossing_tensors(graph: Graph, placed: list[dict]) -> list[int]:
+    """Activations made on one side (NPU or CPU) and read on the other (tensor indices): each is a copy and a sync."""
     kind = {p["index"]: p["placement"] for p in placed}
     producer = {t: op.index for op in graph.ops for t in op.outputs}
-    crossing = set()
-    for op in graph.ops:
-        for t in op.inputs:
-            if t >= 0 and t in producer and kind[producer[t]] != kind[op.index]:
-                crossing.add(graph.tensors[t].name)
-    return sorted(crossing)
+    return sorted({t for op in graph.ops for t in op.inputs
+                   if t >= 0 and t in producer and kind[producer[t]] != kind[op.index]})
 
 
 def analyse(path: Path, bsp: str | None = None, rules: dict | None = None) -> dict:
@@ -214,16 +210,17 @@ def analyse(path: Path, bsp: str | None = None, rules: dict | None = None) -> di
             f["count"] += 1
             f["reasons"].update(p["reasons"])
     subsets = partitions(graph, placed)
+    crossing = crossing_tensors(graph, placed)
     return {
         "file": str(path), "bsp": bsp, "rules": {"source": rules["source"], "bsp_source": rules["bsps"][bsp]["source"]},
         "summary": {
             "ops": len(placed), "ops_npu": len(on_npu), "ops_npu_pct": round(100 * len(on_npu) / max(len(placed), 1), 1),
             "macs": total_macs, "macs_npu_pct": round(100 * sum(p["macs"] for p in on_npu) / total_macs, 1) if total_macs else None,
             "partitions": sum(1 for k, _ in subsets if k == "NPU"), "cpu_subsets": sum(1 for k, _ in subsets if k == "CPU"),
-            "crossing_tensors": len(crossing_tensors(graph, placed)),
+            "crossing_tensors": len(crossing), "crossing_bytes": sum(graph.tensors[t].bytes for t in crossing),
         },
         "fallbacks": {op: {"count": f["count"], "reasons": dict(f["reasons"])} for op, f in sorted(fallbacks.items())},
-        "crossing": crossing_tensors(graph, placed),
+        "crossing": sorted(graph.tensors[t].name for t in crossing),
         "ops": placed,
     }
 

@@ -1,7 +1,8 @@
 """bench: host latency of every runtime of a build, and an input-size sweep over the sizes the entry declares.
 
-Host figures only, measured on the machine that builds: an x86 host says little about the 8MP (the npu stage
-estimates that, a board run measures it). All runtimes run one after the other in this one process, at the
+Host figures, measured on the machine that builds: an x86 host says little about the 8MP (the npu stage
+estimates that). With ZOO_TARGET=ssh://user@host[:port] or adb://SERIAL the stage also times every .tflite of
+the build on that board (tools.board) into board.json, which the card shows as measured on the 8MP. All runtimes run one after the other in this one process, at the
 entry's thread count, on the first real validation input, one warm-up and `bench.runs` timed runs each:
 
 - torch (the module as the entry defines it, without export patches), ONNX Runtime on model_sim.onnx, LiteRT
@@ -73,6 +74,7 @@ def bench(entry: Entry, build_dir: Path) -> dict:
     from tools.stages.export import GraphInterface, write_onnx
     from tools.weights import load_into
 
+    target = _board_target(build_dir)
     settings = entry.data["bench"]
     threads, runs = settings.get("threads", 2), settings.get("runs", 10)
     feed = load_reference(build_dir / "reference.npz")[0]["input"]
@@ -118,7 +120,38 @@ def bench(entry: Entry, build_dir: Path) -> dict:
     _plot(entry, sweep, build_dir / "bench.png", threads)
     return {"threads": threads, "runs": runs, "input": entry.data["inputs"][0]["name"], "built_size": built,
             "weights": weights["kind"], "host_latency": host, "sweep": sweep, "plot": "bench.png",
-            "sweep_note": "TFLite is timed at the built size only: another size needs its own conversion"}
+            "sweep_note": "TFLite is timed at the built size only: another size needs its own conversion",
+            "board": _measure_on_board(target, build_dir)}
+
+
+def _board_target(build_dir: Path):
+    """The board ZOO_TARGET names (checked before any timing), or None."""
+    import os
+
+    from tools.board import BoardError, Target
+    from tools.stages import StageError
+
+    try:
+        return Target.parse(os.environ["ZOO_TARGET"]) if os.environ.get("ZOO_TARGET") else None
+    except BoardError as exc:
+        raise StageError(f"{build_dir.name}: {exc}; unset ZOO_TARGET to benchmark on the host only") from None
+
+
+def _measure_on_board(target, build_dir: Path) -> str | None:
+    """Every .tflite of the build timed on the target board into board.json (tools.board's record, which the
+    card shows as measured on the 8MP); the file's name, or None without a target."""
+    from tools.atomic import write_json
+    from tools.board import BoardError, build_models, measure
+    from tools.stages import StageError
+
+    if target is None:
+        return None
+    try:
+        record = measure(target, build_models(build_dir))
+    except BoardError as exc:
+        raise StageError(f"{build_dir.name}: measuring on {target}: {exc}; unset ZOO_TARGET to benchmark on the host only") from None
+    write_json(build_dir / "board.json", record)
+    return "board.json"
 
 
 def _plot(entry: Entry, sweep: list[dict], path: Path, threads: int) -> None:

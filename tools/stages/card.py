@@ -89,6 +89,8 @@ def build_card(entry: Entry, build_dir: Path) -> dict:
                                                        "sweep_note", "finished", "tools")}
         card["host_latency"]["plot_sha256"] = sha256_of(build_dir / "bench.png")
         card["stages"]["bench"] = {k: bench[k] for k in ("wall_s", "peak_rss_mib")}
+    if (build_dir / "board.json").exists():
+        card["board"] = _board_section(json.loads((build_dir / "board.json").read_text()), card["artifacts"])
     if "decoding" in entry.data:
         speech_record = json.loads((build_dir / "speech.json").read_text())
         card["speech"] = {k: speech_record[k] for k in ("passed", "sentences", "audio_s", "trained_weights", "backends",
@@ -98,9 +100,37 @@ def build_card(entry: Entry, build_dir: Path) -> dict:
     return card
 
 
+PIPELINE_TAGS = {"object-detection": "object-detection", "image-classification": "image-classification",
+                 "speech-recognition": "automatic-speech-recognition"}
+
+
+def front_matter(card: dict) -> str:
+    """The Hugging Face model-card header: license (the weights'), pipeline tag, base model, tags."""
+    import yaml
+
+    declared = card["weights"]["declared"]
+    base_model = declared.get("base_model") or (declared["repo"] if declared["kind"] == "hub" else None)
+    int8 = any(a["path"].endswith(".tflite") and "_int8" in a["path"] for a in card["artifacts"])
+    tags = ["imx8mp", "vx-delegate", "tflite", "onnx", *(["int8"] if int8 else []), card["source"].get("family") or card["source"]["kind"],
+            *(["random-weights"] if card["weights"]["kind"] == "random" else [])]
+    header = {"license": card["license"]["weights"].lower(), "library_name": "tflite",
+              "pipeline_tag": PIPELINE_TAGS[card["task"]], **({"base_model": base_model} if base_model else {}), "tags": tags}
+    return "---\n" + yaml.safe_dump(header, sort_keys=False) + "---\n"
+
+
+def _board_section(record: dict, artifacts: list[dict]) -> dict:
+    """The board record (tools.board) for the files of this build: a result whose file has changed since it was
+    measured (its sha256 is no artifact's) is left out and named under 'stale'."""
+    path_of = {a["sha256"]: a["path"] for a in artifacts}
+    current = {name: path_of[sha] for name, sha in record["artifacts"].items() if sha in path_of}
+    return {**{k: record[k] for k in ("what", "kind", "target", "when", "where", "how")},
+            "results": {current[name]: r for name, r in record["results"].items() if name in current},
+            "stale": sorted(set(record["results"]) - set(current))}
+
+
 def render_markdown(card: dict) -> str:
     w = card["weights"]
-    lines = [f"# {card['title']} (`{card['id']}`)", ""]
+    lines = [front_matter(card), f"# {card['title']} (`{card['id']}`)", ""]
     lines += [f"> **{msg}**" for msg in card["warnings"]] + ([""] if card["warnings"] else [])
     lines += [f"Task: {card['task']}. Built {card['generated']} on {card['host']['hostname']} "
               f"({card['host']['machine']}, {card['host']['cpu_count']} cores).", ""]
@@ -122,6 +152,7 @@ def render_markdown(card: dict) -> str:
             lines += [f"## Graph `{name}`", ""] + _graph_markdown(section, "###")
     else:
         lines += _graph_markdown(card, "##")
+    lines += _board_markdown(card)
     if "host_latency" in card:
         lines += _host_markdown(card["host_latency"], card["host"])
     lines += ["", "## Artifacts", "", "| file | bytes | sha256 |", "|---|---|---|"]
@@ -191,6 +222,35 @@ def _speech_markdown(card: dict) -> list[str]:
     return lines + ["", f"Split `{split['name']}`: {split['summary']}.", ""]
 
 
+def _board_markdown(card: dict) -> list[str]:
+    """8MP measured: the board record's steady-state and first-inference figures, or that none exists."""
+    board = card.get("board")
+    if not board or not board["results"]:
+        return ["", "## 8MP measured on a board", "", "Not measured: no board record for these files"
+                + (f" (stale results of changed files left out: {', '.join(board['stale'])})" if board else "")
+                + f". With a board: `ZOO_TARGET=ssh://root@board doit board:{card['id']}` (or adb://SERIAL).", ""]
+    where = board["where"]
+    lines = ["", f"## 8MP measured on a board ({board['when']}, {board['target']})", "",
+             f"Board: SoC {where.get('soc_id') or 'unknown'}" + (f" ({where['soc_machine']})" if where.get("soc_machine") else "")
+             + f", {where.get('os')}, kernel {where.get('kernel')}; runtimes "
+             + ", ".join(f"{k} {v}" for k, v in (where.get("runtimes") or {}).items()) + "; VX delegate "
+             f"{'present' if board['how']['delegate_present'] else 'absent'} ({board['how']['delegate_path']}).", "",
+             "| file | placement | runner | threads | init ms | first inference ms | steady mean ms | p50 ms | p90 ms | std ms | runs | graph cache |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path, placements in board["results"].items():
+        for placement, r in placements.items():
+            if "error" in r:
+                lines.append(f"| {path} | {placement} | {r['error']} |" + " |" * 9)
+                continue
+            st, cache = r["steady"], r.get("graph_cache")
+            cached = "n/a" if cache is None else (f"on, {cache['entries_before']} entries before" if cache["enabled"] else "off")
+            lines.append(f"| {path} | {placement} | {r['runner']} | {r['threads']} | {r['init_ms']} | {r['first_ms']} | "
+                         f"{st['mean_ms']} | {st.get('p50_ms')} | {st.get('p90_ms')} | {st['std_ms']} | {st['runs']} | {cached} |")
+    if board["stale"]:
+        lines.append(f"\nLeft out, measured on files that have changed since: {', '.join(board['stale'])}.")
+    return lines + [""]
+
+
 def _host_markdown(bench: dict, host: dict) -> list[str]:
     """Host latency and the input-size sweep (bench stage): measured here, never the 8MP's."""
     lines = ["", f"## Host latency (measured {bench['finished']} on the host above: not the 8MP)", "",
@@ -235,10 +295,16 @@ def _estimate_markdown(estimates: dict, h: str) -> list[str]:
              f"{first['npu']['loo_max_abs']:.0%}, CPU {first['cpu_4_threads']['loo_max_abs']:.0%}; median "
              f"{first['npu']['loo_median_abs']:.0%} and {first['cpu_4_threads']['loo_median_abs']:.0%}). "
              f"Not modelled: {', '.join(first['not_modelled'])}.", "",
-             "| graph | BSP | VX delegate (NPU, CPU for fallbacks) | CPU only, 4 threads |", "|---|---|---|---|"]
+             f"The VX delegate column includes the partition boundaries' cost ({first['boundaries']['basis']}).", "",
+             "| graph | BSP | VX delegate (NPU, CPU for fallbacks) | of which boundaries | CPU only, 4 threads |", "|---|---|---|---|---|"]
     for graph, by_bsp in estimates.items():
-        lines += [f"| {graph} | {bsp} | {band(e['npu'])} | {band(e['cpu_4_threads'])} |" for bsp, e in by_bsp.items()]
-    return lines
+        lines += [f"| {graph} | {bsp} | {band(e['npu'])} | {e['boundaries']['ms']} ms ({e['boundaries']['partitions']} partition(s), "
+                  f"{e['boundaries']['crossing_bytes']:,} bytes crossing) | {band(e['cpu_4_threads'])} |" for bsp, e in by_bsp.items()]
+    compile_ = first["first_inference"]
+    return lines + ["", f"First inference with the VX delegate (the NPU graph compile, {compile_['label']}): "
+                    f"{compile_['range_s'][0]}-{compile_['range_s'][1]} s ({'; '.join(compile_['published'])}); "
+                    f"{compile_['note']}. Avoid it with "
+                    + ", ".join(f"`{k}` ({v})" for k, v in compile_["avoid_with"].items()) + "."]
 
 
 def _int8_markdown(quant: dict, fid: dict, h: str) -> list[str]:

@@ -25,5 +25,5 @@ def npu(entry: Entry, build_dir: Path) -> dict:
             report = analyse(build_dir / name, bsp, rules)
             graphs[name][bsp] = {k: report[k] for k in ("summary", "fallbacks")}
             if name != "model_fp32.tflite":
-                estimates.setdefault(name, {})[bsp] = estimate(report["ops"], model)
+                estimates.setdefault(name, {})[bsp] = estimate(report, model)
     return {"rules_source": rules["source"], "default_bsp": rules["default_bsp"], "graphs": graphs, "estimates": estimates}

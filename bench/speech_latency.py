@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.entry import load_entry  # noqa: E402
+from tools.stages.bench import time_runs  # noqa: E402
 from tools.stages.validate import load_reference, to_layout  # noqa: E402
 from tools.whisper_runtime import WhisperGraphs, decode_utterance  # noqa: E402
 
@@ -49,13 +50,7 @@ def torch_graphs(entry, threads: int) -> dict:
 
 
 def median_ms(run, inputs: dict, runs: int) -> float:
-    run(inputs)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run(inputs)
-        times.append((time.perf_counter() - start) * 1000)
-    return round(statistics.median(times), 2)
+    return round(statistics.median(time_runs(run, inputs, runs)), 2)
 
 
 def main() -> int:

@@ -189,3 +189,21 @@ def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
     assert result["label"] == "estimated, not measured" and result["cpu_fallback_macs"] == 0
     assert result["boundaries"]["ms"] == 0, "a wholly delegated graph, as the fit saw it: no boundary to price"
     assert set(model["npu"]["loo_relative_errors"]) == set(bench.PUBLISHED), "the committed fit covers every published model"
+
+
+def test_cost_model_fit_and_leave_one_out_on_a_synthetic_table():
+    """Latencies made from known rates: the fit finds them and every leave-one-out error is nil; a model
+    published 50 % slower than the rates say stands out as the one the others predict worst."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fit_cost_model as bench
+
+    rates = np.array([0.4, 0.003, 0.02])  # overhead ms, ms per M dense MACs, ms per M depthwise MACs
+    rows = [{"dense_macs": d * 1e6, "depthwise_macs": w * 1e6} for d, w in
+            ((10, 1), (300, 20), (4000, 30), (600, 300), (50, 5), (2500, 0))]
+    for row in rows:
+        row["npu_ms"] = float(bench.design([row]) @ rates)
+    assert np.allclose(bench.fit(rows, "npu"), rates, rtol=1e-6)
+    assert np.allclose(bench.leave_one_out(rows, "npu"), 0, atol=1e-6)
+    rows[3]["npu_ms"] *= 1.5
+    errors = bench.leave_one_out(rows, "npu")
+    assert int(np.argmax(np.abs(errors))) == 3 and errors[3] < -0.2

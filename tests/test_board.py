@@ -118,3 +118,21 @@ def test_runner_runs_alone_on_the_board_side(tiny_tflite):
                           cwd=tiny_tflite.parent, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert '"cpu"' in proc.stdout and '"runs": 3' in proc.stdout
+
+
+@pytest.mark.parametrize("where, heading", [
+    ({"soc_id": "i.MX8MP", "soc_machine": "NXP i.MX8MPlus EVK board", "os": "Yocto", "kernel": "6.6.23"}, "## 8MP measured on a board"),
+    ({"soc_id": None, "soc_machine": None, "os": "Debian", "kernel": "6.1"}, "## Measured on a board that is not an 8MP by its SoC id"),
+    ({"soc_id": "i.MX8MM", "soc_machine": "NXP i.MX8MM EVK board", "os": "Yocto", "kernel": "6.6.23"}, "## Measured on a board that is not an 8MP by its SoC id"),
+])
+def test_card_heads_board_figures_as_the_8mps_only_on_an_8mp(where, heading):
+    from tools.stages.card import _board_markdown
+
+    steady = {"mean_ms": 5.0, "p50_ms": 4.9, "p90_ms": 5.5, "std_ms": 0.2, "runs": 50}
+    board = {"when": "2026-12-04T00:00:00Z", "target": "ssh://root@board", "where": where, "stale": [],
+             "how": {"delegate_present": True, "delegate_path": "/usr/lib/libvx_delegate.so"},
+             "results": {"model_int8_pc.tflite": {"npu": {"runner": "benchmark_model", "threads": 4, "init_ms": 30.0,
+                                                          "first_ms": 4000.0, "steady": steady, "graph_cache": None}}}}
+    lines = _board_markdown({"id": "x", "board": board})
+    assert lines[1].startswith(heading + " (2026-12-04T00:00:00Z")
+    assert "| model_int8_pc.tflite | npu | benchmark_model | 4 | 30.0 | 4000.0 | 5.0 |" in "\n".join(lines)

@@ -307,7 +307,8 @@ def test_bench_with_a_board_target_measures_there_and_the_card_shows_it(built, s
     cpu = card["board"]["results"]["model_fp32.tflite"]["cpu"]
     assert cpu["steady"]["runs"] == board["how"]["runs"] and cpu["first_ms"] > 0 and cpu["threads"] == 4
     markdown = (build / "card.md").read_text()
-    assert f"## 8MP measured on a board ({board['when']}, {url})" in markdown and "| model_int8_pt.tflite | cpu |" in markdown
+    # the loopback 'board' is this machine: its figures are never headed as the 8MP's
+    assert f"## Measured on a board that is not an 8MP by its SoC id ({board['when']}, {url})" in markdown and "| model_int8_pt.tflite | cpu |" in markdown
     # a graph changed after the board timed it: its figures leave the card, named as stale
     with open(build / "model_int8_pt.tflite", "ab") as f:
         f.write(b"\0")

@@ -230,7 +230,9 @@ def _board_markdown(card: dict) -> list[str]:
                 + (f" (stale results of changed files left out: {', '.join(board['stale'])})" if board else "")
                 + f". With a board: `ZOO_TARGET=ssh://root@board doit board:{card['id']}` (or adb://SERIAL).", ""]
     where = board["where"]
-    lines = ["", f"## 8MP measured on a board ({board['when']}, {board['target']})", "",
+    is_8mp = "8MP" in (where.get("soc_id") or "").upper() or "8MPLUS" in (where.get("soc_machine") or "").upper().replace(" ", "")
+    title = "8MP measured on a board" if is_8mp else "Measured on a board that is not an 8MP by its SoC id"
+    lines = ["", f"## {title} ({board['when']}, {board['target']})", "",
              f"Board: SoC {where.get('soc_id') or 'unknown'}" + (f" ({where['soc_machine']})" if where.get("soc_machine") else "")
              + f", {where.get('os')}, kernel {where.get('kernel')}; runtimes "
              + ", ".join(f"{k} {v}" for k, v in (where.get("runtimes") or {}).items()) + "; VX delegate "

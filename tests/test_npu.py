@@ -181,7 +181,8 @@ def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
     row = bench.features(path)
     for target, key in (("npu", "npu"), ("cpu", "cpu_4_threads")):
         c = model[target]["coefficients"]
-        fitted = c["overhead_ms"] + row["dense_macs"] / 1e6 * c["ms_per_m_dense_macs"] + row["depthwise_macs"] / 1e6 * c["ms_per_m_depthwise_macs"]
+        fitted = (c["overhead_ms"] + row["dense_macs"] / 1e6 * c["ms_per_m_dense_macs"]
+                  + row["depthwise_macs"] / 1e6 * c["ms_per_m_depthwise_macs"] + row["bytes"] / 1e6 * c.get("ms_per_mb", 0))
         assert result[key]["ms"] == pytest.approx(fitted, abs=0.01)
         published = bench.PUBLISHED[name][0 if target == "npu" else 1]
         low, high = result[key]["range_ms"]
@@ -193,17 +194,28 @@ def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
 
 def test_cost_model_fit_and_leave_one_out_on_a_synthetic_table():
     """Latencies made from known rates: the fit finds them and every leave-one-out error is nil; a model
-    published 50 % slower than the rates say stands out as the one the others predict worst."""
+    published 50 % slower than the rates say stands out as the one the others predict worst. Of the two
+    candidate models, the one the latencies were made with is chosen: with a bytes term the MAC-only model
+    cannot follow them; without one, both fit and the smaller is kept."""
     sys.path.insert(0, str(ROOT / "bench"))
     import fit_cost_model as bench
 
+    macs_only = bench.CANDIDATES["macs"]
     rates = np.array([0.4, 0.003, 0.02])  # overhead ms, ms per M dense MACs, ms per M depthwise MACs
-    rows = [{"dense_macs": d * 1e6, "depthwise_macs": w * 1e6} for d, w in
-            ((10, 1), (300, 20), (4000, 30), (600, 300), (50, 5), (2500, 0))]
+    rows = [{"model": f"m{i}", "dense_macs": d * 1e6, "depthwise_macs": w * 1e6, "bytes": b * 1e6} for i, (d, w, b) in
+            enumerate(((10, 1, 2), (300, 20, 9), (4000, 30, 30), (600, 300, 4), (50, 5, 40), (2500, 0, 12), (80, 2, 1)))]
     for row in rows:
-        row["npu_ms"] = float(bench.design([row]) @ rates)
-    assert np.allclose(bench.fit(rows, "npu"), rates, rtol=1e-6)
-    assert np.allclose(bench.leave_one_out(rows, "npu"), 0, atol=1e-6)
+        row["npu_ms"] = float(bench.design([row], macs_only) @ rates)
+    assert np.allclose(bench.fit(rows, "npu", macs_only), rates, rtol=1e-6)
+    assert np.allclose(bench.leave_one_out(rows, "npu", macs_only), 0, atol=1e-6)
+    assert bench.fitted(rows, "npu")["candidate"] == "macs"
+
+    with_bytes = [{**row, "npu_ms": row["npu_ms"] + 0.05 * row["bytes"] / 1e6} for row in rows]
+    chosen = bench.fitted(with_bytes, "npu")
+    assert chosen["candidate"] == "macs_and_bytes" and chosen["loo_max_abs"] < 1e-4
+    assert chosen["coefficients"]["ms_per_mb"] == pytest.approx(0.05, rel=1e-4)
+    assert chosen["candidates"]["macs"]["loo_median_abs"] > 0.05
+
     rows[3]["npu_ms"] *= 1.5
-    errors = bench.leave_one_out(rows, "npu")
+    errors = bench.leave_one_out(rows, "npu", macs_only)
     assert int(np.argmax(np.abs(errors))) == 3 and errors[3] < -0.2

@@ -1,12 +1,12 @@
 """An 8MP latency estimate for an int8 .tflite from its NPU placement: estimated, never measured.
 
 The model (tools/data/imx8mp_cost_model.json, fitted by bench/fit_cost_model.py on NXP's published 8MP
-latencies) prices dense (convolution, fully connected, matmul) and depthwise MACs at a fitted NPU rate plus a
-per-invoke overhead; ops that fall back to the CPU are priced at the fitted 4-thread A53 rates. It carries the
-fit's leave-one-out error, which every estimate shows as its band. Partition boundaries cannot be fitted (the
-published models are wholly delegated), so they are priced by a stated prior: one more invoke overhead per
-extra partition and the crossing tensors copied at 4 GB/s. Not modelled: elementwise and data-movement ops
-beyond the fit's own average. The first inference (the NPU graph compile) is a published range, not a fit.
+latencies) prices dense (convolution, fully connected, matmul) and depthwise MACs, and the bytes every op reads
+and writes, at fitted NPU rates plus a per-invoke overhead; ops that fall back to the CPU are priced at the
+fitted 4-thread A53 rates. It carries the fit's leave-one-out error, which every estimate shows as its band.
+Partition boundaries cannot be fitted (the published models are wholly delegated), so they are priced by a
+stated prior: one more invoke overhead per extra partition and the crossing tensors copied at 4 GB/s. Not
+modelled: what elementwise and data-movement ops cost beyond their bytes. The first inference (the NPU graph compile) is a published range, not a fit.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 MODEL = Path(__file__).resolve().parent / "data" / "imx8mp_cost_model.json"
 DENSE = ("CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "TRANSPOSE_CONV")
-NOT_MODELLED = ("elementwise and data-movement ops beyond the fitted models' average",
+NOT_MODELLED = ("elementwise and data-movement ops beyond the bytes they move (the fitted models are convolution networks)",
                 "the first inference (NPU graph compile) of each graph, given as a published range instead")
 # No published figure prices a CPU<->NPU boundary: shared/reference/imx8mp_npu_facts.md section 8 suggests the
 # crossing tensors' bytes at about 4 GB/s ("pure assumption"); each extra delegate kernel adds an invoke overhead.
@@ -42,9 +42,12 @@ def load_model(path: Path = MODEL) -> dict:
     return json.loads(path.read_text())
 
 
-def _ms(coefficients: dict, dense: float, depthwise: float, overhead: bool) -> float:
-    return ((coefficients["overhead_ms"] if overhead else 0.0) + dense / 1e6 * coefficients["ms_per_m_dense_macs"]
-            + depthwise / 1e6 * coefficients["ms_per_m_depthwise_macs"])
+def _ms(coefficients: dict, work: dict, overhead: bool) -> float:
+    """Milliseconds for `work` (dense and depthwise MACs, bytes) at one side's rates; a rate the chosen fit does
+    not price (tools/data/imx8mp_cost_model.json, "candidate") costs nothing."""
+    return ((coefficients["overhead_ms"] if overhead else 0.0) + work["dense"] / 1e6 * coefficients["ms_per_m_dense_macs"]
+            + work["depthwise"] / 1e6 * coefficients["ms_per_m_depthwise_macs"]
+            + work["bytes"] / 1e6 * coefficients.get("ms_per_mb", 0.0))
 
 
 def _band(ms: float, fit: dict) -> dict:
@@ -68,19 +71,19 @@ def _boundaries(summary: dict, npu: dict) -> dict:
 def estimate(report: dict, model: dict) -> dict:
     """NPU (with CPU fallbacks and partition boundaries) and CPU-only (4 threads) latency of one int8 graph, from
     tools.npu's report."""
-    macs = {(where, kind): 0 for where in ("NPU", "CPU") for kind in ("dense", "depthwise")}
+    work = {where: {"dense": 0, "depthwise": 0, "bytes": 0} for where in ("NPU", "CPU")}
     for op in report["ops"]:
         kind = op_class(op["op"])
         if kind:
-            macs[op["placement"], kind] += op["macs"]
+            work[op["placement"]][kind] += op["macs"]
+        work[op["placement"]]["bytes"] += op["bytes"]
     npu, cpu = model["npu"]["coefficients"], model["cpu"]["coefficients"]
     boundaries = _boundaries(report["summary"], npu)
-    with_delegate = (_ms(npu, macs["NPU", "dense"], macs["NPU", "depthwise"], True)
-                     + _ms(cpu, macs["CPU", "dense"], macs["CPU", "depthwise"], False) + boundaries["ms"])
-    cpu_only = _ms(cpu, macs["NPU", "dense"] + macs["CPU", "dense"], macs["NPU", "depthwise"] + macs["CPU", "depthwise"], True)
+    with_delegate = _ms(npu, work["NPU"], True) + _ms(cpu, work["CPU"], False) + boundaries["ms"]
+    cpu_only = _ms(cpu, {k: work["NPU"][k] + work["CPU"][k] for k in work["NPU"]}, True)
     return {"label": "estimated, not measured", "model": f"bench/fit_cost_model.py, fitted {model['fitted']} on "
                                                           f"{len(model['models'])} published int8 models; {model['source']}",
             "npu": _band(with_delegate, model["npu"]), "cpu_4_threads": _band(cpu_only, model["cpu"]),
-            "cpu_fallback_macs": macs["CPU", "dense"] + macs["CPU", "depthwise"], "boundaries": boundaries,
+            "cpu_fallback_macs": work["CPU"]["dense"] + work["CPU"]["depthwise"], "boundaries": boundaries,
             "not_modelled": list(NOT_MODELLED),
             "first_inference": FIRST_INFERENCE}

@@ -188,6 +188,7 @@ def test_estimate_prices_a_graph_as_the_fit_saw_it(tmp_path, name):
         low, high = result[key]["range_ms"]
         assert low <= result[key]["ms"] <= high and low / 1.5 <= published <= high * 1.5
     assert result["label"] == "estimated, not measured" and result["cpu_fallback_macs"] == 0
+    assert result["float_ops"]["count"] == 0, "an int8-I/O graph computes nothing in float"
     assert result["boundaries"]["ms"] == 0, "a wholly delegated graph, as the fit saw it: no boundary to price"
     assert set(model["npu"]["loo_relative_errors"]) == set(bench.PUBLISHED), "the committed fit covers every published model"
 
@@ -219,3 +220,22 @@ def test_cost_model_fit_and_leave_one_out_on_a_synthetic_table():
     rows[3]["npu_ms"] *= 1.5
     errors = bench.leave_one_out(rows, "npu", macs_only)
     assert int(np.argmax(np.abs(errors))) == 3 and errors[3] < -0.2
+
+
+def test_float_ops_of_a_mixed_precision_graph_are_priced_at_the_cpu_rates():
+    """The VX delegate accepts float ops, but its float path is slower than the A53s: the estimate prices an op
+    that computes in float at the CPU rates, wherever the rules place it, and says how many there were."""
+    from tools.estimate import estimate, load_model
+
+    model = load_model()
+    npu, cpu = model["npu"]["coefficients"], model["cpu"]["coefficients"]
+    summary = {"partitions": 1, "crossing_tensors": 0, "crossing_bytes": 0}
+    op = {"op": "FULLY_CONNECTED", "placement": "NPU", "macs": 500_000_000, "bytes": 2_000_000, "reasons": []}
+    int8 = estimate({"ops": [{**op, "float": False}], "summary": summary}, model)
+    mixed = estimate({"ops": [{**op, "float": True}], "summary": summary}, model)
+    rate = lambda c: 500 * c["ms_per_m_dense_macs"] + 2 * c.get("ms_per_mb", 0)  # noqa: E731
+    assert int8["npu"]["ms"] == pytest.approx(npu["overhead_ms"] + rate(npu), abs=0.01)
+    assert mixed["npu"]["ms"] == pytest.approx(npu["overhead_ms"] + rate(cpu), abs=0.01)
+    assert mixed["npu"]["ms"] > 5 * int8["npu"]["ms"]
+    assert (int8["float_ops"]["count"], mixed["float_ops"]["count"], mixed["float_ops"]["macs"]) == (0, 1, 500_000_000)
+    assert mixed["cpu_4_threads"]["ms"] == int8["cpu_4_threads"]["ms"]

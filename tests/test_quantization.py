@@ -195,6 +195,35 @@ def _int8_product(tmp_path, second_is_relu: bool):
     return tmp_path / "fp32.tflite", tmp_path / "int8.tflite", feeds[0]
 
 
+def test_a_variant_keeps_float_what_it_and_the_entry_name_and_refuses_a_stale_name(tmp_path):
+    """Mixed precision per variant: the entry's keep_float and the variant's own are both applied (the named
+    product computes in float, the graph's other ops stay int8); a tensor name that no op writes is an
+    error naming the entry file, the variant and the field, not an op silently left in int8."""
+    from tools.stages import StageError
+    from tools.stages.quantize import calibrated, float_ops, int8_graph, kept_float
+    from tools.tflite_graph import read_graph
+
+    fp32_path, _, feed = _int8_product(tmp_path, second_is_relu=False)
+    fp32 = fp32_path.read_bytes()
+    graph = read_graph(fp32)
+    product = next(graph.tensors[op.outputs[0]].name for op in graph.ops if op.name == "BATCH_MATMUL")
+    data = tiny_entry_data("dn_detr", "dn_keep")
+    data["quantization"]["keep_float"] = {"ops": ["SOFTMAX"]}
+    data["quantization"]["variants"] = [{"name": "int8_mixed", "weights": "per-channel", "keep_float": {"tensors": [product]}},
+                                        {"name": "int8_stale", "weights": "per-channel", "keep_float": {"tensors": ["no/such/op"]}}]
+    entry = load_entry(write_entry(tmp_path / "zoo", data))
+    mixed, stale = entry.data["quantization"]["variants"]
+    keep = kept_float(entry, mixed, graph)
+    assert keep == {"ops": ["SOFTMAX"], "tensors": [product]}
+    quantized = read_graph(int8_graph(calibrated(fp32, [feed]), mixed, keep))
+    assert [op["op"] for op in float_ops(quantized)] == ["BATCH_MATMUL"]
+    assert any(t.type == "INT8" for t in quantized.tensors if not t.constant), "the rest of the graph is int8"
+    with pytest.raises(StageError) as refused:
+        kept_float(entry, stale, graph)
+    message = str(refused.value)
+    assert "dn_keep.json" in message and "int8_stale" in message and "no/such/op" in message and "tools.npu" in message
+
+
 @pytest.mark.parametrize("second_is_relu", [True, False])
 def test_int8_products_run_on_kernels_that_compute_them(tmp_path, second_is_relu):
     """XNNPACK treats a run-time second operand of an int8 BATCH_MATMUL as symmetric: with a ReLU output there

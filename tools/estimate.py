@@ -3,7 +3,7 @@
 The model (tools/data/imx8mp_cost_model.json, fitted by bench/fit_cost_model.py on NXP's published 8MP
 latencies) prices dense (convolution, fully connected, matmul) and depthwise MACs, and the bytes every op reads
 and writes, at fitted NPU rates plus a per-invoke overhead; ops that fall back to the CPU are priced at the
-fitted 4-thread A53 rates. It carries the fit's leave-one-out error, which every estimate shows as its band.
+fitted 4-thread A53 rates, and so are ops that compute in float (mixed-precision graphs). It carries the fit's leave-one-out error, which every estimate shows as its band.
 Partition boundaries cannot be fitted (the published models are wholly delegated), so they are priced by a
 stated prior: one more invoke overhead per extra partition and the crossing tensors copied at 4 GB/s. Not
 modelled: what elementwise and data-movement ops cost beyond their bytes. The first inference (the NPU graph compile) is a published range, not a fit.
@@ -20,6 +20,11 @@ NOT_MODELLED = ("elementwise and data-movement ops beyond the bytes they move (t
 # No published figure prices a CPU<->NPU boundary: shared/reference/imx8mp_npu_facts.md section 8 suggests the
 # crossing tensors' bytes at about 4 GB/s ("pure assumption"); each extra delegate kernel adds an invoke overhead.
 BOUNDARY_BYTES_PER_MS = 4e6
+# Float ops of an INT8 graph (mixed precision): the VX delegate takes float tensors, but its float path is slow, so
+# they are priced at the A53 rates, as where a deployment keeps them; the NPU's float path would be slower still.
+FLOAT_BASIS = ("ops computing in float32 are priced at the 4-thread A53 rates: the VX delegate accepts them, but "
+               "its float path is slower than the CPU (Whisper-tiny float: 5.3x slower than 4 A53 threads, "
+               "imx8mp_npu_facts.md section 2.3); no boundary cost is added for them")
 # The one-time OpenVX graph compile at the first invoke: too few published figures to fit, so a range with its sources
 # (shared/reference/imx8mp_npu_facts.md, section 2.4).
 FIRST_INFERENCE = {
@@ -72,11 +77,13 @@ def estimate(report: dict, model: dict) -> dict:
     """NPU (with CPU fallbacks and partition boundaries) and CPU-only (4 threads) latency of one int8 graph, from
     tools.npu's report."""
     work = {where: {"dense": 0, "depthwise": 0, "bytes": 0} for where in ("NPU", "CPU")}
+    float_on_npu = [op for op in report["ops"] if op["placement"] == "NPU" and op.get("float")]
     for op in report["ops"]:
+        where = "CPU" if op.get("float") else op["placement"]
         kind = op_class(op["op"])
         if kind:
-            work[op["placement"]][kind] += op["macs"]
-        work[op["placement"]]["bytes"] += op["bytes"]
+            work[where][kind] += op["macs"]
+        work[where]["bytes"] += op["bytes"]
     npu, cpu = model["npu"]["coefficients"], model["cpu"]["coefficients"]
     boundaries = _boundaries(report["summary"], npu)
     with_delegate = _ms(npu, work["NPU"], True) + _ms(cpu, work["CPU"], False) + boundaries["ms"]
@@ -85,5 +92,6 @@ def estimate(report: dict, model: dict) -> dict:
                                                           f"{len(model['models'])} published int8 models; {model['source']}",
             "npu": _band(with_delegate, model["npu"]), "cpu_4_threads": _band(cpu_only, model["cpu"]),
             "cpu_fallback_macs": work["CPU"]["dense"] + work["CPU"]["depthwise"], "boundaries": boundaries,
+            "float_ops": {"count": len(float_on_npu), "macs": sum(op["macs"] for op in float_on_npu), "basis": FLOAT_BASIS},
             "not_modelled": list(NOT_MODELLED),
             "first_inference": FIRST_INFERENCE}

@@ -145,6 +145,10 @@ def macs(graph: Graph, op: Op) -> int:
     return 0
 
 
+# The conversions at a float-I/O INT8 graph's edges: they read or write float, but compute nothing in it.
+FLOAT_EDGE_OPS = ("QUANTIZE", "DEQUANTIZE")
+
+
 def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
     """Placement and reasons of every op, in execution order."""
     lacks = set(rules["bsps"][bsp]["lacks"])
@@ -158,7 +162,10 @@ def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
             reasons.insert(0, f"{op.name} is not registered in the {bsp} delegate")
         elif rule["vx"] == "conditional":
             reasons += [r for r in (check_fails(graph, op, c) for c in rule["checks"]) if r]
-        placed.append({"index": op.index, "op": op.name, "placement": "CPU" if reasons else "NPU", "reasons": reasons,
+        tensors = _tensors(graph, op.inputs) + _tensors(graph, op.outputs)
+        placed.append({"index": op.index, "op": op.name, "output": graph.tensors[op.outputs[0]].name,
+                       "placement": "CPU" if reasons else "NPU", "reasons": reasons,
+                       "float": op.name not in FLOAT_EDGE_OPS and any(t.type == "FLOAT32" and not t.constant for t in tensors),
                        "macs": macs(graph, op),
                        "bytes": sum(t.bytes for t in _tensors(graph, op.inputs) + _tensors(graph, op.outputs))})
     return placed

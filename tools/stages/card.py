@@ -298,7 +298,10 @@ def _estimate_markdown(estimates: dict, h: str) -> list[str]:
              f"{first['npu']['loo_median_abs']:.0%} and {first['cpu_4_threads']['loo_median_abs']:.0%}). "
              f"Not modelled: {', '.join(first['not_modelled'])}.", "",
              f"The VX delegate column includes the partition boundaries' cost ({first['boundaries']['basis']}).", "",
-             "| graph | BSP | VX delegate (NPU, CPU for fallbacks) | of which boundaries | CPU only, 4 threads |", "|---|---|---|---|---|"]
+             *[f"{graph}: {e['float_ops']['count']} ops compute in float ({e['float_ops']['macs'] / 1e9:.2f} G MACs); "
+               f"{e['float_ops']['basis']}." for graph, by_bsp in estimates.items()
+               for e in list(by_bsp.values())[:1] if e.get("float_ops", {}).get("count")],
+             "", "| graph | BSP | VX delegate (NPU, CPU for fallbacks) | of which boundaries | CPU only, 4 threads |", "|---|---|---|---|---|"]
     for graph, by_bsp in estimates.items():
         lines += [f"| {graph} | {bsp} | {band(e['npu'])} | {e['boundaries']['ms']} ms ({e['boundaries']['partitions']} partition(s), "
                   f"{e['boundaries']['crossing_bytes']:,} bytes crossing) | {band(e['cpu_4_threads'])} |" for bsp, e in by_bsp.items()]

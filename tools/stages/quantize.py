@@ -61,6 +61,22 @@ def int8_graph(calibrated_graph: bytes, variant: dict, keep: dict) -> bytes:
                                  denylisted_ops=keep.get("ops"), denylisted_nodes=keep.get("tensors"))
 
 
+def kept_float(entry: Entry, variant: dict, graph) -> dict:
+    """What stays float in one variant: the entry's keep_float and the variant's own. Every tensor named must be
+    an op output of the fp32 graph: the quantizer would ignore a stale name and quantize the op after all."""
+    from tools.stages import StageError
+
+    common, own = entry.data["quantization"].get("keep_float", {}), variant.get("keep_float", {})
+    keep = {k: sorted({*common.get(k, ()), *own.get(k, ())}) for k in ("ops", "tensors") if common.get(k) or own.get(k)}
+    written = {graph.tensors[i].name for op in graph.ops for i in op.outputs}
+    unknown = [t for t in keep.get("tensors", ()) if t not in written]
+    if unknown:
+        raise StageError(f"{entry.path}: quantization keep_float of variant {variant['name']} names tensors that no op of "
+                         f"model_fp32.tflite writes: {unknown[:3]}; copy them from `python -m tools.npu "
+                         f"<build>/model_fp32.tflite --json report.json` (ops[].output) or drop them")
+    return keep
+
+
 def quantize(entry: Entry, build_dir: Path) -> dict:
     from tools.stages import StageError
 
@@ -74,9 +90,9 @@ def quantize(entry: Entry, build_dir: Path) -> dict:
     graph = read_graph(fp32)
     feeds = [channel_last_feed(sample, graph) for sample in calibration.samples]
     ranged = calibrated(fp32, feeds)
-    keep = spec.get("keep_float", {})
     variants = {}
     for variant in int8_variants(entry):
+        keep = kept_float(entry, variant, graph)
         model = int8_graph(ranged, variant, keep)
         quantized = read_graph(model)
         bad = sorted({f"{t.name} ({t.type})" for t in quantized.tensors_of_type(*REJECTED_TYPES)})
@@ -87,7 +103,7 @@ def quantize(entry: Entry, build_dir: Path) -> dict:
         with atomic_path(build_dir / name) as tmp:
             tmp.write_bytes(model)
         types = {t.type for t in quantized.tensors if not t.constant}
-        variants[variant["name"]] = {"file": name, **variant, "bytes": len(model), "ops": dict(sorted(quantized.op_histogram().items())),
+        variants[variant["name"]] = {"file": name, **variant, "keep_float": keep, "bytes": len(model), "ops": dict(sorted(quantized.op_histogram().items())),
                                      "activation_types": sorted(types), "float_ops": float_ops(quantized)}
     return {"quantizer": "tflite calibrator + mlir_quantize", "activations": "int8", "calibration": calibration.record(),
-            "keep_float": keep, "variants": variants}
+            "keep_float": spec.get("keep_float", {}), "variants": variants}

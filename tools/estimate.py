@@ -3,10 +3,11 @@
 The model (tools/data/imx8mp_cost_model.json, fitted by bench/fit_cost_model.py on NXP's published 8MP
 latencies) prices dense (convolution, fully connected, matmul) and depthwise MACs, and the bytes every op reads
 and writes, at fitted NPU rates plus a per-invoke overhead; ops that fall back to the CPU are priced at the
-fitted 4-thread A53 rates, and so are ops that compute in float (mixed-precision graphs). It carries the fit's leave-one-out error, which every estimate shows as its band.
-Partition boundaries cannot be fitted (the published models are wholly delegated), so they are priced by a
-stated prior: one more invoke overhead per extra partition and the crossing tensors copied at 4 GB/s. Not
-modelled: what elementwise and data-movement ops cost beyond their bytes. The first inference (the NPU graph compile) is a published range, not a fit.
+fitted 4-thread A53 rates, and so are ops that compute in float (mixed-precision graphs). It carries the
+fit's leave-one-out error, which every estimate shows as its band. Partition boundaries cannot be fitted (the
+published models are wholly delegated), so they are priced by a stated prior: one more invoke overhead per
+extra partition and the crossing tensors copied at 4 GB/s. Not modelled: what elementwise and data-movement
+ops cost beyond their bytes. The first inference (the NPU graph compile) is a published range, not a fit.
 """
 from __future__ import annotations
 

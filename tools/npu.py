@@ -167,7 +167,7 @@ def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
                        "placement": "CPU" if reasons else "NPU", "reasons": reasons,
                        "float": op.name not in FLOAT_EDGE_OPS and any(t.type == "FLOAT32" and not t.constant for t in tensors),
                        "macs": macs(graph, op),
-                       "bytes": sum(t.bytes for t in _tensors(graph, op.inputs) + _tensors(graph, op.outputs))})
+                       "bytes": sum(t.bytes for t in tensors)})
     return placed
 
 

@@ -15,12 +15,11 @@ import numpy as np
 from tools.atomic import atomic_path
 from tools.calibration import calibration_set, overlap_with_validation
 from tools.entry import Entry
+from tools.npu import FLOAT_EDGE_OPS
 from tools.stages import int8_variants
 from tools.tflite_graph import read_graph
 
 REJECTED_TYPES = ("INT16", "INT64", "UINT16", "UINT64")
-# Float ops expected in a float-I/O INT8 graph: the conversions at its edges.
-EDGE_OPS = ("QUANTIZE", "DEQUANTIZE")
 
 
 def channel_last_feed(sample: dict, graph) -> dict:
@@ -35,7 +34,7 @@ def float_ops(graph) -> list[dict]:
     """Ops of an INT8 graph that still compute in float (any float32 activation in or out), edges excluded."""
     found = []
     for op in graph.ops:
-        if op.name in EDGE_OPS:
+        if op.name in FLOAT_EDGE_OPS:
             continue
         tensors = [graph.tensors[i] for i in (*op.inputs, *op.outputs) if i >= 0]
         if any(t.type == "FLOAT32" and not t.constant for t in tensors):

@@ -239,3 +239,23 @@ def test_float_ops_of_a_mixed_precision_graph_are_priced_at_the_cpu_rates():
     assert mixed["npu"]["ms"] > 5 * int8["npu"]["ms"]
     assert (int8["float_ops"]["count"], mixed["float_ops"]["count"], mixed["float_ops"]["macs"]) == (0, 1, 500_000_000)
     assert mixed["cpu_4_threads"]["ms"] == int8["cpu_4_threads"]["ms"]
+
+
+def test_a_reshape_moves_no_bytes_and_a_graph_beyond_the_fit_says_by_how_much(tmp_path):
+    """A RESHAPE is a view on the NPU: it adds no bytes to the op's count, where the ADD beside it moves its
+    tensors. A graph whose MACs exceed every fitted model's is flagged with the multiple; one inside is not."""
+    import tensorflow as tf
+
+    from tools.estimate import estimate, load_model
+
+    path = _tflite(tmp_path, lambda x: tf.reshape(x + 1.0, [4, 64]) * 3.0, [_spec([1, 256])])
+    ops = _by_op(analyse(path))
+    assert ops["RESHAPE"][0]["bytes"] == 0
+    assert ops["ADD"][0]["bytes"] >= 2 * 256 * 4
+    model = load_model()
+    largest = max(r["dense_macs"] for r in model["models"])
+    summary = {"partitions": 1, "crossing_tensors": 0, "crossing_bytes": 0}
+    op = {"op": "FULLY_CONNECTED", "placement": "NPU", "float": False, "bytes": 1000, "reasons": []}
+    big = estimate({"ops": [{**op, "macs": 3 * largest}], "summary": summary}, model)
+    small = estimate({"ops": [{**op, "macs": largest // 10}], "summary": summary}, model)
+    assert big["beyond_fit"] == {"dense_macs": 3.0} and small["beyond_fit"] == {}

@@ -6,8 +6,9 @@ and writes, at fitted NPU rates plus a per-invoke overhead; ops that fall back t
 fitted 4-thread A53 rates, and so are ops that compute in float (mixed-precision graphs). It carries the
 fit's leave-one-out error, which every estimate shows as its band. Partition boundaries cannot be fitted (the
 published models are wholly delegated), so they are priced by a stated prior: one more invoke overhead per
-extra partition and the crossing tensors copied at 4 GB/s. Not modelled: what elementwise and data-movement
-ops cost beyond their bytes. The first inference (the NPU graph compile) is a published range, not a fit.
+extra partition and the crossing tensors copied at 4 GB/s. A graph larger than every fitted model says by how
+much (`beyond_fit`): there the band is the fit's, the estimate an extrapolation. Not modelled: what elementwise
+and data-movement ops cost beyond their bytes. The first inference (the NPU graph compile) is a published range, not a fit.
 """
 from __future__ import annotations
 
@@ -74,6 +75,18 @@ def _boundaries(summary: dict, npu: dict) -> dict:
                      "(imx8mp_npu_facts.md section 8: no published figure)"}
 
 
+def beyond_fit(work: dict, model: dict) -> dict:
+    """How far the graph's totals (dense and depthwise MACs, bytes) exceed the largest fitted model's: the error
+    band holds for graphs like the fitted ones, and a linear model applied far beyond them extrapolates."""
+    column = {"dense": "dense_macs", "depthwise": "depthwise_macs", "bytes": "bytes"}
+    out = {}
+    for key, name in column.items():
+        largest = max(r[name] for r in model["models"])
+        if largest and work[key] > largest:
+            out[name] = round(work[key] / largest, 1)
+    return out
+
+
 def estimate(report: dict, model: dict) -> dict:
     """NPU (with CPU fallbacks and partition boundaries) and CPU-only (4 threads) latency of one int8 graph, from
     tools.npu's report."""
@@ -94,5 +107,6 @@ def estimate(report: dict, model: dict) -> dict:
             "npu": _band(with_delegate, model["npu"]), "cpu_4_threads": _band(cpu_only, model["cpu"]),
             "cpu_fallback_macs": work["CPU"]["dense"] + work["CPU"]["depthwise"], "boundaries": boundaries,
             "float_ops": {"count": len(float_on_npu), "macs": sum(op["macs"] for op in float_on_npu), "basis": FLOAT_BASIS},
+            "beyond_fit": beyond_fit({k: work["NPU"][k] + work["CPU"][k] for k in work["NPU"]}, model),
             "not_modelled": list(NOT_MODELLED),
             "first_inference": FIRST_INFERENCE}

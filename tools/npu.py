@@ -147,6 +147,10 @@ def macs(graph: Graph, op: Op) -> int:
 
 # The conversions at a float-I/O INT8 graph's edges: they read or write float, but compute nothing in it.
 FLOAT_EDGE_OPS = ("QUANTIZE", "DEQUANTIZE")
+# Ops that move no data: the VX delegate's ovxlib makes a RESHAPE's output a view of its input when the types
+# match (VeriSilicon/TIM-VX, src/tim/vx/internal/src/ops/vsi_nn_op_reshape.c, op_optimize @08d6ec9a). The CPU
+# side counts them alike, an assumption (TFLite's RESHAPE may copy). Counted, they were a third of a transformer's bytes.
+VIEW_OPS = ("RESHAPE",)
 
 
 def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
@@ -167,7 +171,7 @@ def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
                        "placement": "CPU" if reasons else "NPU", "reasons": reasons,
                        "float": op.name not in FLOAT_EDGE_OPS and any(t.type == "FLOAT32" and not t.constant for t in tensors),
                        "macs": macs(graph, op),
-                       "bytes": sum(t.bytes for t in tensors)})
+                       "bytes": 0 if op.name in VIEW_OPS else sum(t.bytes for t in tensors)})
     return placed
 
 

@@ -301,6 +301,10 @@ def _estimate_markdown(estimates: dict, h: str) -> list[str]:
              *[f"{graph}: {e['float_ops']['count']} ops compute in float ({e['float_ops']['macs'] / 1e9:.2f} G MACs); "
                f"{e['float_ops']['basis']}." for graph, by_bsp in estimates.items()
                for e in list(by_bsp.values())[:1] if e.get("float_ops", {}).get("count")],
+             *[f"{graph} is larger than every fitted model (" + ", ".join(f"{k.replace('_', ' ')} {x}x the largest"
+                                                                      for k, x in e["beyond_fit"].items())
+               + "): the estimate extrapolates the fit, and its error may exceed the band."
+               for graph, by_bsp in estimates.items() for e in list(by_bsp.values())[:1] if e.get("beyond_fit")],
              "", "| graph | BSP | VX delegate (NPU, CPU for fallbacks) | of which boundaries | CPU only, 4 threads |", "|---|---|---|---|---|"]
     for graph, by_bsp in estimates.items():
         lines += [f"| {graph} | {bsp} | {band(e['npu'])} | {e['boundaries']['ms']} ms ({e['boundaries']['partitions']} partition(s), "

@@ -153,6 +153,12 @@ FLOAT_EDGE_OPS = ("QUANTIZE", "DEQUANTIZE")
 VIEW_OPS = ("RESHAPE",)
 
 
+def computes_in_float(graph: Graph, op: Op) -> bool:
+    """Whether an op reads or writes a float32 activation, the conversions at the graph's edges excepted."""
+    return op.name not in FLOAT_EDGE_OPS and any(t.type == "FLOAT32" and not t.constant
+                                                 for t in _tensors(graph, op.inputs) + _tensors(graph, op.outputs))
+
+
 def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
     """Placement and reasons of every op, in execution order."""
     lacks = set(rules["bsps"][bsp]["lacks"])
@@ -169,7 +175,7 @@ def place(graph: Graph, rules: dict, bsp: str) -> list[dict]:
         tensors = _tensors(graph, op.inputs) + _tensors(graph, op.outputs)
         placed.append({"index": op.index, "op": op.name, "output": graph.tensors[op.outputs[0]].name,
                        "placement": "CPU" if reasons else "NPU", "reasons": reasons,
-                       "float": op.name not in FLOAT_EDGE_OPS and any(t.type == "FLOAT32" and not t.constant for t in tensors),
+                       "float": computes_in_float(graph, op),
                        "macs": macs(graph, op),
                        "bytes": 0 if op.name in VIEW_OPS else sum(t.bytes for t in tensors)})
     return placed

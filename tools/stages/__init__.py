@@ -145,7 +145,7 @@ STAGES = {s.name: s for s in [
     Stage("quantize", "INT8 variants of the fp32 .tflite, calibrated on real data kept apart from validation",
           ("inputs", "validation", "quantization.variants", "quantization.keep_float", "quantization.calibration"),
           ("model_fp32.tflite",), ("model_{variant}.tflite", "quantize.json"), int8_only=True, after=("validate",),
-          code=("tools/calibration.py", "tools/inputs.py", "tools/tflite_graph.py", "tools/whisper_runtime.py"),
+          code=("tools/calibration.py", "tools/inputs.py", "tools/npu.py", "tools/tflite_graph.py", "tools/whisper_runtime.py"),
           per_graph=True, split_needs=("export.json", "{graph}/model_fp32.tflite")),
     Stage("fidelity", "INT8 vs fp32 TFLite on the validation inputs: SQNR, cosine, task agreement, worst layers",
           ("outputs", "validation", "quantization.variants", "quantization.fidelity"),

@@ -15,7 +15,7 @@ import numpy as np
 from tools.atomic import atomic_path
 from tools.calibration import calibration_set, overlap_with_validation
 from tools.entry import Entry
-from tools.npu import FLOAT_EDGE_OPS
+from tools.npu import computes_in_float
 from tools.stages import int8_variants
 from tools.tflite_graph import read_graph
 
@@ -32,14 +32,8 @@ def channel_last_feed(sample: dict, graph) -> dict:
 
 def float_ops(graph) -> list[dict]:
     """Ops of an INT8 graph that still compute in float (any float32 activation in or out), edges excluded."""
-    found = []
-    for op in graph.ops:
-        if op.name in FLOAT_EDGE_OPS:
-            continue
-        tensors = [graph.tensors[i] for i in (*op.inputs, *op.outputs) if i >= 0]
-        if any(t.type == "FLOAT32" and not t.constant for t in tensors):
-            found.append({"index": op.index, "op": op.name, "output": graph.tensors[op.outputs[0]].name})
-    return found
+    return [{"index": op.index, "op": op.name, "output": graph.tensors[op.outputs[0]].name}
+            for op in graph.ops if computes_in_float(graph, op)]
 
 
 def calibrated(fp32: bytes, feeds: list[dict]) -> bytes:

@@ -1,12 +1,18 @@
 """Deformable DETR against DN-DETR in TFLite fp32 on this machine: whole models, and one attention layer per
 sampling formulation, each measured side by side in one run.
 
-    python bench/deformable_vs_dn.py [--before OLD_BUILD] [--no-build] [--layer] [--threads 2] [--runs 10]
+    python bench/deformable_vs_dn.py [--before OLD_BUILD] [--no-build] [--floor] [--layer] [--threads 2] [--runs 10]
 
 Models: builds both entries (`doit build:dn_detr build:deformable_detr`, random weights unless ZOO_WEIGHTS says
 otherwise; an up-to-date build is not redone), checks that they take the same input size, then times every
 graph of both (and of --before, an older Deformable DETR build to compare with) and prints Deformable / DN-DETR
 latency beside their MAC ratio, the ideal, and the issue's goal: at most 1.2x the MAC ratio and at most 2.5.
+
+--floor: also builds (export, simplify, convert; build/bench_no_sampling/, reused when there) Deformable DETR with
+every deformable attention keeping its four projections but sampling nothing, and times it beside the two. It is
+not a model: it is the latency that any sampling formulation adds to. From it the bench prints the sampling
+budget per encoder layer that the goal leaves, beside what the built sampling costs per layer and what one bare
+GATHER of the corner rows that tent sampling reads costs (the memory floor of a gather-based formulation).
 
 --layer: one full-size encoder self-attention layer (levels 64x64, 32x32, 16x16, 8x8 of a 512x512 image, 256
 channels, 8 heads, 4 points) under each formulation: transformers' grid_sample as onnx2tf decomposes it, the
@@ -49,7 +55,8 @@ def build_both(build_root: Path) -> list[Path]:
 
 def models(args) -> dict:
     builds = [ROOT / "build" / "dn_detr", ROOT / "build" / "deformable_detr"] if args.no_build else build_both(ROOT / "build")
-    record = measure(builds + ([args.before] if args.before else []), args.threads, args.runs)
+    floor = no_sampling_build(builds[1], ROOT / "build" / "bench_no_sampling") if args.floor else None
+    record = measure(builds + ([args.before] if args.before else []) + ([floor] if floor else []), args.threads, args.runs)
     first, macs = str(builds[0]), record["entries"][str(builds[0])]["macs"]
     for name in list(record["entries"])[1:]:
         ratio, mac_ratio = record["tflite_ratio_to_first"][name], record["mac_ratio_to_first"][name]
@@ -57,7 +64,137 @@ def models(args) -> dict:
         print(f"{Path(name).name}: {ratio:.2f}x DN-DETR's TFLite fp32 latency for {mac_ratio:.2f}x its MACs "
               f"({macs / 1e9:.1f} G); goal <= {goal:.2f}x: {'met' if ratio <= goal else 'not met'}")
     record["goal"] = {"over_mac_ratio": GOAL_OVER_MACS, "max": GOAL_MAX, "reference": first}
+    if floor:
+        record["sampling_budget"] = sampling_budget(record, builds, floor, args.threads, args.runs)
     return record
+
+
+def _no_sampling(original):
+    """Deformable attention with its four projections and no sampling: each query reads the value row of its own
+    index (the encoder's queries are its value positions; the decoder's 300 read the first 300). Not a model."""
+    import torch
+
+    class NoSampling(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stock, self.heads = original, original.n_heads
+
+        def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                    position_embeddings=None, **kwargs):
+            if position_embeddings is not None:
+                hidden_states = hidden_states + position_embeddings
+            batch, queries = int(hidden_states.shape[0]), int(hidden_states.shape[1])
+            value = self.stock.value_proj(encoder_hidden_states)[:, :queries]
+            offsets = self.stock.sampling_offsets(hidden_states)
+            weights = self.stock.attention_weights(hidden_states).reshape(batch, queries, self.heads, -1).softmax(-1)
+            mixed = value + offsets.mean(-1, keepdim=True) * weights.mean((-2, -1))[..., None]
+            return self.stock.output_proj(mixed), None
+    return NoSampling()
+
+
+def no_sampling_build(build: Path, folder: Path) -> Path:
+    """Export, simplify and convert the entry of `build` with its sampling patch swapped for _no_sampling."""
+    from tools.atomic import write_json
+    from tools.entry import Entry, load_entry
+    from tools.patches import register
+    from tools.patches.deformable_detr import _replace_modules
+    from tools.stages import STAGES
+
+    if (folder / "model_fp32.tflite").exists():
+        return folder
+
+    @register("bench_no_sampling", applies_to=("DeformableDetrForObjectDetection",))
+    def no_sampling(module):
+        """Bench only: deformable attention that samples nothing."""
+        _replace_modules(module, "DeformableDetrMultiscaleDeformableAttention", _no_sampling)
+        return module
+
+    entry = load_entry(ROOT / "zoo" / "deformable_detr.json")
+    data = json.loads(json.dumps(entry.data))
+    sampling = [p for p in data["export"]["patches"] if p.endswith("_sampling")]
+    data["export"]["patches"] = [("bench_no_sampling" if p in sampling else p) for p in data["export"]["patches"]]
+    probe = Entry(entry.path, data)
+    os.environ.setdefault("ZOO_WEIGHTS", "random")
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # onnx2tf runs onnxsim
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("export", "simplify", "convert"):
+        start = time.perf_counter()
+        write_json(folder / STAGES[name].makes[-1], STAGES[name].run(probe, folder))
+        print(f"bench_no_sampling: {name} in {time.perf_counter() - start:.0f} s", flush=True)
+    return folder
+
+
+def _corner_rows(shapes: list, gathered: list, heads: int, points: int) -> "np.ndarray":
+    """Corner-table rows that the encoder's queries read, in the patch's order (query, head, level, point): each
+    query's reference cell on every gathered level, moved by a pixel-wide random offset, as trained offsets are."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    refs = np.concatenate([np.stack(np.meshgrid((np.arange(w) + 0.5) / w, (np.arange(h) + 0.5) / h), -1).reshape(-1, 2)
+                           for h, w in shapes])  # (queries, xy) in [0, 1]
+    starts = np.cumsum([0] + [(h - 1) * (w - 1) for h, w in gathered])
+    per_level = []
+    for (h, w), start in zip(gathered, starts):
+        xy = refs[:, None, None] * (w, h) - 0.5 + rng.normal(0, 1, (len(refs), heads, points, 2))
+        x0 = np.clip(np.floor(xy[..., 0]), 0, w - 2).astype(np.int32)
+        y0 = np.clip(np.floor(xy[..., 1]), 0, h - 2).astype(np.int32)
+        per_level.append((start + y0 * (w - 1) + x0) * heads + np.arange(heads, dtype=np.int32)[:, None])
+    return np.stack(per_level, 2).reshape(-1).astype(np.int32)  # (query, head, level, point)
+
+
+def _bare_gather_ms(table_rows: int, width: int, index: "np.ndarray", threads: int, runs: int) -> float:
+    """One TFLite GATHER of the `index` rows of `width` floats from a table of table_rows: memory traffic only.
+    Inputs are set once and only invoke() is timed: in a model the rows stay in the arena, never copied out."""
+    import numpy as np
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
+
+    spec = [tf.TensorSpec((table_rows, width), tf.float32), tf.TensorSpec(index.shape, tf.int32)]
+    module = tf.Module()
+    module.gather = tf.function(lambda table, index: tf.gather(table, index), input_signature=spec)
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "gather.tflite"  # with its module, the converter writes a signature to feed by name
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([module.gather.get_concrete_function()], module)
+        path.write_bytes(converter.convert())
+        interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        interpreter.allocate_tensors()
+        slots = interpreter.get_signature_runner().get_input_details()
+        interpreter.set_tensor(slots["table"]["index"],
+                               np.random.default_rng(0).standard_normal((table_rows, width), dtype=np.float32))
+        interpreter.set_tensor(slots["index"]["index"], index)
+        times = []
+        for _ in range(runs + 1):  # the first run warms up
+            start = time.perf_counter()
+            interpreter.invoke()
+            times.append((time.perf_counter() - start) * 1000)
+        return statistics.median(times[1:])
+
+
+def sampling_budget(record: dict, builds: list, floor: Path, threads: int, runs: int) -> dict:
+    """What the goal leaves for sampling per encoder layer, against what it costs now and its memory floor."""
+    from tools.patches.deformable_detr import DENSE_MAX_POSITIONS
+
+    ms = {str(b): record["entries"][str(b)]["tflite_fp32"]["median_ms"] for b in (*builds, floor)}
+    dn, deformable, none = ms[str(builds[0])], ms[str(builds[1])], ms[str(floor)]
+    config = json.loads((ROOT / "zoo" / "deformable_detr.json").read_text())["source"]["config"]
+    layers, heads, points = 6, 8, config["encoder_n_points"]  # transformers' defaults: 6 encoder layers, 8 heads
+    side = json.loads((builds[1] / "export.json").read_text())["inputs"]["pixel_values"][-1]
+    shapes = [(side // s, side // s) for s in (8, 16, 32, 64)]
+    gathered = [(h, w) for h, w in shapes if h * w > DENSE_MAX_POSITIONS]
+    mac_ratio = record["mac_ratio_to_first"][str(builds[1])]
+    goal_ms = min(GOAL_OVER_MACS * mac_ratio, GOAL_MAX) * dn
+    bare = _bare_gather_ms(sum((h - 1) * (w - 1) for h, w in gathered) * heads, 4 * 256 // heads,
+                           _corner_rows(shapes, gathered, heads, points), threads, runs)
+    out = {"dn_detr_ms": dn, "deformable_ms": deformable, "no_sampling_ms": none,
+           "no_sampling_ratio": round(none / dn, 3), "goal_ms": round(goal_ms, 1),
+           "budget_per_encoder_layer_ms": round((goal_ms - none) / layers, 1),
+           "sampling_per_encoder_layer_ms": round((deformable - none) / layers, 1),
+           "bare_gather_of_corner_rows_ms": round(bare, 1), "gathered_levels": gathered}
+    print(f"no sampling: {none:.1f} ms, {out['no_sampling_ratio']:.2f}x DN-DETR ({dn:.1f} ms): what any sampling adds to")
+    print(f"sampling budget the goal ({goal_ms:.0f} ms) leaves: {out['budget_per_encoder_layer_ms']:.1f} ms per encoder "
+          f"layer; built sampling costs {out['sampling_per_encoder_layer_ms']:.1f} ms per layer (decoder's included); "
+          f"one bare GATHER of its corner rows of levels {gathered}: {bare:.1f} ms")
+    return out
 
 
 class _Layer:
@@ -187,6 +324,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="an older deformable_detr build folder to time beside the new one")
     parser.add_argument("--no-build", action="store_true", help="time build/ as it is")
+    parser.add_argument("--floor", action="store_true", help="also time Deformable DETR with no sampling at all")
     parser.add_argument("--layer", action="store_true", help="also time one attention layer per formulation")
     parser.add_argument("--with-stock", action="store_true", help="with --layer: also onnx2tf's grid_sample lowering")
     parser.add_argument("--layer-only", action="store_true", help="only the layer comparison")

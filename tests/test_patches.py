@@ -68,7 +68,7 @@ def test_tent_corners_are_int32_and_samples_on_pixel_centres_are_exact():
         stock.sampling_offsets.bias.copy_(torch.arange(16, dtype=torch.float32) % 5 - 2)  # whole-pixel offsets
     reference = ((torch.arange(8) + 0.5) / 8).repeat(7, 1)  # pixel centres of an 8-wide map
     offset = (torch.arange(7, dtype=torch.float32) - 3)[:, None].expand(7, 8)  # whole pixels, -3..3
-    first, left, right = deformable_detr._corner(reference, torch.tensor(8, dtype=torch.int32), offset)
+    first, left, right = deformable_detr._block(reference, torch.tensor(8, dtype=torch.int32), offset)
     assert first.dtype == torch.int32 and int(first.min()) == 0 and int(first.max()) == 6
     sample = torch.arange(8) + offset
     inside = (sample >= 0) & (sample <= 7)

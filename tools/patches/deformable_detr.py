@@ -109,41 +109,42 @@ class GatherDeformableAttention(nn.Module):
 DENSE_MAX_POSITIONS = 256
 
 
-def _corner(reference: torch.Tensor, size: torch.Tensor, offset: torch.Tensor) -> tuple:
+def _block(reference: torch.Tensor, size: torch.Tensor, offset: torch.Tensor) -> tuple:
     """A sample's 2x2 block along one axis: its first pixel (int32, clamped so that the block lies in the map) and
     the tent weights of the block's two pixels.
 
     The sample sits at reference * size - 0.5 + offset (align_corners=False). The reference is a constant for a
     static image size, so its whole pixels are split off there: what is rounded at run time, the reference's
     fraction plus the learned offset, spans a few pixels and keeps sub-pixel steps when an INT8 graph quantizes
-    it (the whole coordinate, up to the map's width, would not). Pixel positions are int32 arithmetic, never
-    quantized, and every float tensor lies in [0, 1]: the fraction, and 0/1 masks for where the clamp moved the
-    block (by one pixel: the sample straddles the map's edge and one pixel of the block is off it; by more: the
-    sample is off the map and both weights are zero).
+    it (the whole coordinate, up to the map's width, would not). The clamp is int32 arithmetic, never quantized,
+    against bounds of the rounded tensor's own shape (TFLite's int32 MINIMUM and MAXIMUM are 3x slower when they
+    broadcast). Where the clamp moved the block by `shift` pixels, the tents are taken at the sample's distance
+    from the moved block's pixels, fraction + shift and fraction + shift - 1: relu(1 - |d|) is then zero for a
+    pixel the sample does not touch, so samples off the map weigh nothing without a mask, WHERE or SELECT.
     """
     base = reference * size.to(reference.dtype) - 0.5
     whole = torch.floor(base)
     near = (base - whole) + offset
     step = torch.floor(near)
     fraction = near - step
-    first = whole.to(torch.int32) + step.to(torch.int32)
-    clamped = torch.minimum(torch.maximum(first, torch.zeros((), dtype=torch.int32)), size - 2)
-    shift = first - clamped
-    one = torch.ones((), dtype=torch.int32)
-    at = lambda s: (one - torch.minimum((shift - s) * (shift - s), one)).to(fraction.dtype)  # noqa: E731  (shift == s)
-    kept, moved_in, moved_back = at(0), at(-1), at(1)
-    return clamped, (1 - fraction) * kept + fraction * moved_in, fraction * kept + (1 - fraction) * moved_back
+    whole, step = whole.to(torch.int32), step.to(torch.int32)
+    kept = torch.minimum(torch.maximum(step, -whole), (size - 2) - whole)  # the first pixel, whole + kept, in [0, size - 2]
+    distance = fraction + (step - kept).to(fraction.dtype)  # from the first pixel to the sample
+    return whole + kept, torch.relu(1 - distance.abs()), torch.relu(1 - (distance - 1).abs())
+
+
 class TentSamplingDeformableAttention(nn.Module):
-    """Multi-scale deformable attention as gathers of 2x2 corner rows and dense matrix products, no grid_sample.
+    """Multi-scale deformable attention as int32-indexed gathers of value rows and dense matrix products, no
+    grid_sample.
 
     Bilinear sampling with zero padding weighs pixel (x, y) by tent(x_s - x) * tent(y_s - y), where
     tent(d) = relu(1 - |d|). That one identity gives two formulations with static shapes:
-    - large levels: a corner table holds, per top-left pixel and head, the 2x2 block of value vectors in one row;
-      each sampling point gathers one row with an int32 index (its floor clamped into the table) and weighs the
-      four corners by their tents, which are zero for corners off the map: no mask, WHERE or SELECT;
+    - large levels: each sampling point gathers the four value rows of its 2x2 block of pixels straight from the
+      value projection's output (one GATHER of every point of every head, int32 indices from int32 arithmetic,
+      the block clamped into the map) and weighs them by their tents, which are zero for pixels the sample does
+      not touch: no mask, WHERE or SELECT;
     - small levels (<= DENSE_MAX_POSITIONS): the point tents make a separable weight map per query and head,
       (H x P) @ (P x W), that multiplies the level's values: matrix products only, no coordinates rounded.
-    The gathered bytes are a quarter of the four-index gather's on the large levels and none on the small ones.
     Tensors stay at rank <= 3 so that onnx2tf does not take them for images.
     """
 
@@ -202,7 +203,7 @@ class TentSamplingDeformableAttention(nn.Module):
             reference = reference_points[b:b + 1].flatten(0, 1)
             sampled = 0
             if gathered:
-                sampled = self._gathered(levels, shapes, gathered, image_offsets[:, :2 * heads * split],
+                sampled = self._gathered(per_head, shapes, gathered, image_offsets[:, :2 * heads * split],
                                          image_weights[:, :split], reference)
             if dense:
                 sampled = sampled + self._dense(levels, shapes, dense, image_offsets[:, 2 * heads * split:],
@@ -210,38 +211,40 @@ class TentSamplingDeformableAttention(nn.Module):
             out.append(sampled)
         return self.output_proj(torch.stack(out)), None  # attention weights are in the reordered layout: not returned
 
-    def _gathered(self, levels, shapes, which, offsets, weights, reference):
-        """Sampling of the large levels: one corner-table row per point, four tent weights."""
+    def _gathered(self, value, shapes, which, offsets, weights, reference):
+        """Sampling of the large levels: four int32-indexed value rows per point, weighted by their tents."""
         heads, points, head_dim = self.n_heads, self.n_points, self.d_model // self.n_heads
         queries, m = int(offsets.shape[0]), offsets.shape[1] // 2
-        tables, table_start = [], 0
-        per_m = {k: [] for k in ("w", "h", "start", "level")}
-        for l in which:
-            h, w = shapes[l]
-            v = levels[l].reshape(h, w, heads * head_dim)
-            left, right = v[:, :-1], v[:, 1:]  # (h, w - 1, heads * head_dim)
-            top = lambda t: t.reshape(h, -1)[:-1].reshape(-1, heads, head_dim)  # noqa: E731
-            bottom = lambda t: t.reshape(h, -1)[1:].reshape(-1, heads, head_dim)  # noqa: E731
-            corners = torch.cat([top(left), top(right), bottom(left), bottom(right)], -1)
-            tables.append(corners.reshape(-1, 4 * head_dim))  # row = top-left position * heads + head
-            for key, val in (("w", w), ("h", h), ("start", table_start), ("level", l)):
-                per_m[key].append(val)
-            table_start += (h - 1) * (w - 1)
-        table = torch.cat(tables) if len(tables) > 1 else tables[0]
+        # The table is the levels' value rows as they are, row = position * heads + head: one slice of `value`
+        # (positions, heads, head_dim) when the gathered levels come first, as the large ones do.
+        first_of = np.concatenate([[0], np.cumsum([h * w for h, w in shapes])])
+        if which == list(range(len(which))):
+            table = value[:int(first_of[len(which)])]
+        else:
+            table = torch.cat([value[int(first_of[l]):int(first_of[l + 1])] for l in which])
+        table = table.reshape(-1, head_dim)
+        starts = np.concatenate([[0], np.cumsum([shapes[l][0] * shapes[l][1] for l in which])[:-1]])
         # per sampling position (head, level, point): the level's constants
         rep = lambda vals, dtype: torch.from_numpy(np.tile(np.repeat(np.array(vals, dtype=dtype), points), heads))  # noqa: E731
-        level = rep(per_m["level"], np.int64)
-        x0, tx0, tx1 = _corner(reference[:, :, 0:1].flatten(1).index_select(1, level), rep(per_m["w"], np.int32),
-                               offsets[:, :m])
-        y0, ty0, ty1 = _corner(reference[:, :, 1:2].flatten(1).index_select(1, level), rep(per_m["h"], np.int32),
-                               offsets[:, m:])
-        head = torch.from_numpy(np.repeat(np.arange(heads, dtype=np.int32), len(which) * points))
-        index = (rep(per_m["start"], np.int32) + y0 * (rep(per_m["w"], np.int32) - 1) + x0) * heads + head
+        widths, heights = rep([shapes[l][1] for l in which], np.int32), rep([shapes[l][0] for l in which], np.int32)
+        level = rep(which, np.int64)
+        x0, *tent_x = _block(reference[:, :, 0:1].flatten(1).index_select(1, level), widths, offsets[:, :m])
+        y0, *tent_y = _block(reference[:, :, 1:2].flatten(1).index_select(1, level), heights, offsets[:, m:])
+        first = rep(starts, np.int32) * heads + torch.from_numpy(np.repeat(np.arange(heads, dtype=np.int32),
+                                                                           len(which) * points))
+        first = first + y0 * (widths * heads) + x0 * heads  # row of the block's top-left pixel: (queries, m)
         a = weights.reshape(queries, m)  # (queries * heads, levels * points) -> (queries, m)
-        corner_weights = torch.stack([tx0 * ty0 * a, tx1 * ty0 * a, tx0 * ty1 * a, tx1 * ty1 * a], -1)
-        # A rank-2 index: Keras infers the values of small rank-1 int32 tensors (as if shapes) and onnx2tf then fails.
-        rows = nn.functional.embedding(index, table).reshape(queries * heads, m // heads * 4, head_dim)
-        sampled = torch.bmm(corner_weights.reshape(queries * heads, 1, m // heads * 4), rows)
+        sampled = 0
+        # One gather per corner: its index is the top-left one plus a constant per position, and its rows are
+        # weighted and summed on their own (a single gather of all four would need (queries, m, 4) int32 tensors,
+        # whose broadcasting TFLite runs slowly, and a batched product with heads * queries tiny matrices).
+        for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+            # A rank-2 index: Keras infers the values of small rank-1 int32 tensors (as if shapes) and onnx2tf then
+            # fails.
+            index = (first + (widths * heads * dy + heads * dx)).reshape(queries * heads, -1)
+            rows = nn.functional.embedding(index, table)  # (queries * heads, levels * points, head_dim)
+            weight = (tent_y[dy] * tent_x[dx] * a).reshape(queries * heads, -1, 1)
+            sampled = sampled + (rows * weight).sum(1)
         return sampled.reshape(queries, heads * head_dim)
 
     def _dense(self, levels, shapes, which, offsets, weights, reference):
@@ -249,7 +252,7 @@ class TentSamplingDeformableAttention(nn.Module):
         heads, points, head_dim = self.n_heads, self.n_points, self.d_model // self.n_heads
         queries = int(offsets.shape[0])
         # (queries, heads * per-level (x points, y points)) -> (heads, queries, ...): heads lead the products
-        maps, values = [], []
+        sampled = 0
         for i, l in enumerate(which):
             h, w = shapes[l]
             off_x, off_y = (offsets[:, (2 * i + c) * heads * points:(2 * i + c + 1) * heads * points]
@@ -262,11 +265,9 @@ class TentSamplingDeformableAttention(nn.Module):
             grid_y = torch.arange(h, dtype=y.dtype).view(1, h, 1)
             tent_x = torch.relu(1 - (x.reshape(heads * queries, points, 1) - grid_x).abs())  # (hq, points, w)
             tent_y = torch.relu(1 - (y.reshape(heads * queries, 1, points) - grid_y).abs()) * a  # (hq, h, points)
-            maps.append(torch.bmm(tent_y, tent_x).reshape(heads, queries, h * w))
-            values.append(levels[l].transpose(0, 1))  # (heads, h * w, head_dim)
-        weight_map = torch.cat(maps, -1) if len(maps) > 1 else maps[0]
-        value = torch.cat(values, 1) if len(values) > 1 else values[0]
-        sampled = torch.bmm(weight_map, value)  # (heads, queries, head_dim)
+            weight_map = torch.bmm(tent_y, tent_x).reshape(heads, queries, h * w)
+            # one product per level, summed: concatenating the maps and the values would copy both
+            sampled = sampled + torch.bmm(weight_map, levels[l].transpose(0, 1))  # (heads, queries, head_dim)
         return sampled.transpose(0, 1).reshape(queries, heads * head_dim)
 
 

@@ -12,7 +12,8 @@ latency beside their MAC ratio, the ideal, and the issue's goal: at most 1.2x th
 every deformable attention keeping its four projections but sampling nothing, and times it beside the two. It is
 not a model: it is the latency that any sampling formulation adds to. From it the bench prints the sampling
 budget per encoder layer that the goal leaves, beside what the built sampling costs per layer and what one bare
-GATHER of the corner rows that tent sampling reads costs (the memory floor of a gather-based formulation).
+GATHER of the value rows that tent sampling reads (four per point) costs (the memory floor of a gather-based
+formulation).
 
 --layer: one full-size encoder self-attention layer (levels 64x64, 32x32, 16x16, 8x8 of a 512x512 image, 256
 channels, 8 heads, 4 points) under each formulation: transformers' grid_sample as onnx2tf decomposes it, the
@@ -125,21 +126,24 @@ def no_sampling_build(build: Path, folder: Path) -> Path:
 
 
 def _corner_rows(shapes: list, gathered: list, heads: int, points: int) -> "np.ndarray":
-    """Corner-table rows that the encoder's queries read, in the patch's order (query, head, level, point): each
-    query's reference cell on every gathered level, moved by a pixel-wide random offset, as trained offsets are."""
+    """Value rows (position * heads + head) that the encoder's queries read, as tent sampling gathers them: per
+    corner of the 2x2 block, (query, head) x (level, point). Each query's reference cell on every gathered level,
+    moved by a pixel-wide random offset, as trained offsets are."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     refs = np.concatenate([np.stack(np.meshgrid((np.arange(w) + 0.5) / w, (np.arange(h) + 0.5) / h), -1).reshape(-1, 2)
                            for h, w in shapes])  # (queries, xy) in [0, 1]
-    starts = np.cumsum([0] + [(h - 1) * (w - 1) for h, w in gathered])
+    starts = np.cumsum([0] + [h * w for h, w in gathered])
     per_level = []
     for (h, w), start in zip(gathered, starts):
         xy = refs[:, None, None] * (w, h) - 0.5 + rng.normal(0, 1, (len(refs), heads, points, 2))
-        x0 = np.clip(np.floor(xy[..., 0]), 0, w - 2).astype(np.int32)
-        y0 = np.clip(np.floor(xy[..., 1]), 0, h - 2).astype(np.int32)
-        per_level.append((start + y0 * (w - 1) + x0) * heads + np.arange(heads, dtype=np.int32)[:, None])
-    return np.stack(per_level, 2).reshape(-1).astype(np.int32)  # (query, head, level, point)
+        x0 = np.clip(np.floor(xy[..., 0]), 0, w - 2).astype(np.int64)
+        y0 = np.clip(np.floor(xy[..., 1]), 0, h - 2).astype(np.int64)
+        top_left = (start + y0 * w + x0) * heads + np.arange(heads)[:, None]  # (queries, heads, points)
+        per_level.append(np.stack([top_left + d for d in (0, heads, w * heads, (w + 1) * heads)]))
+    rows = np.stack(per_level, 3)  # (corner, query, head, level, point)
+    return rows.reshape(4 * len(refs) * heads, -1).astype(np.int32)
 
 
 def _bare_gather_ms(table_rows: int, width: int, index: "np.ndarray", threads: int, runs: int) -> float:
@@ -183,7 +187,7 @@ def sampling_budget(record: dict, builds: list, floor: Path, threads: int, runs:
     gathered = [(h, w) for h, w in shapes if h * w > DENSE_MAX_POSITIONS]
     mac_ratio = record["mac_ratio_to_first"][str(builds[1])]
     goal_ms = min(GOAL_OVER_MACS * mac_ratio, GOAL_MAX) * dn
-    bare = _bare_gather_ms(sum((h - 1) * (w - 1) for h, w in gathered) * heads, 4 * 256 // heads,
+    bare = _bare_gather_ms(sum(h * w for h, w in gathered) * heads, 256 // heads,
                            _corner_rows(shapes, gathered, heads, points), threads, runs)
     out = {"dn_detr_ms": dn, "deformable_ms": deformable, "no_sampling_ms": none,
            "no_sampling_ratio": round(none / dn, 3), "goal_ms": round(goal_ms, 1),

@@ -63,10 +63,18 @@ def test_weights_provenance_is_on_the_card(built):
 
 def test_deformable_attention_is_tent_sampled_not_a_grid_sample_decomposition(built):
     serial, _, _ = built
-    ops = json.loads((serial.build / "dd_tiny" / "card.json").read_text())["conversion"]["ops"]
+    conversion = json.loads((serial.build / "dd_tiny" / "card.json").read_text())["conversion"]
+    ops = conversion["ops"]
     # The smoke build's 16x32 level is gathered (one GATHER per corner of the 2x2 block in each attention layer:
     # 1 encoder + 2 decoder), its smaller levels are dense matrix products.
     assert ops["GATHER"] == 3 * 4 and ops["BATCH_MATMUL"] >= 3 * 2
+    # Tent sampling's clamped indices are provably >= 0: onnx2tf's negative-index fix-up (LESS, CAST, MUL, ADD)
+    # went from before every gather whose indices are computed. (The first decoder layer samples where its
+    # learned query embeddings point, image-independent: its indices fold to constants and had no fix-up.)
+    fp32 = read_graph(serial.build / "dd_tiny" / "model_fp32.tflite")
+    computed = [op for op in fp32.ops if op.name == "GATHER" and not fp32.tensors[op.inputs[1]].constant]
+    assert len(computed) >= 2 * 4 and "LESS" not in ops
+    assert conversion["tflite_rewrites"] == {"drop_nonnegative_gather_index_fixups": len(computed)}
     assert "GATHER_ND" not in ops and not {"TILE", "WHERE", "SELECT", "SELECT_V2", "RANGE"} & set(ops)
     assert sum(ops.values()) < 700  # onnx2tf's grid_sample lowering alone made thousands of ops
     graph = read_graph(serial.build / "dd_tiny" / "model_int8_pc.tflite")

@@ -39,7 +39,7 @@ def _graph_section(entry: Entry, folder: Path, prefix: str = "") -> dict:
                       for name in ARTIFACTS + tuple(variant_files(entry))],
         "export": {k: rec["export"][k] for k in ("opset", "exporter", "patches", "inputs", "outputs", "onnx_nodes", "parameters")
                    if k in rec["export"]},
-        "conversion": {k: rec["convert"][k] for k in ("converter", "flags", "ops", "op_count")},
+        "conversion": {k: rec["convert"][k] for k in ("converter", "flags", "tflite_rewrites", "ops", "op_count")},
         "validation": {k: rec["validation"][k] for k in ("passed", "samples", "stages")},
         "stages": {name: {"wall_s": rec[name]["wall_s"], "peak_rss_mib": rec[name]["peak_rss_mib"]}
                    for name in stages if name != "export"},
@@ -179,8 +179,9 @@ def _graph_markdown(section: dict, h: str) -> list[str]:
              "- Export patches: " + (", ".join(f"`{p['name']}` ({p['summary']})" for p in exp.get("patches", [])) or "none"), ""]
     conv = section["conversion"]
     top = sorted(conv["ops"].items(), key=lambda kv: -kv[1])[:12]
+    rewrites = ", ".join(f"`{name}` x{count}" for name, count in conv["tflite_rewrites"].items() if count) or "none applied"
     lines += [f"{h} TFLite fp32 graph", "", f"- {conv['converter']}, {conv['op_count']} ops: "
-              + ", ".join(f"{k} {v}" for k, v in top), ""]
+              + ", ".join(f"{k} {v}" for k, v in top), f"- TFLite rewrites (ops proven idle, removed): {rewrites}", ""]
     val = section["validation"]
     lines += [f"{h} Validation against torch", "",
               f"Real inputs: {', '.join(map(str, val['samples']))}. Overall: **{'passed' if val['passed'] else 'FAILED'}**.", "",

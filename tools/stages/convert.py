@@ -3,15 +3,15 @@
 onnx2tf fetches a sample-image file from the web for models with 3-channel 4-D inputs, even for fp32;
 that file is made here from real photographs instead, in the folder onnx2tf runs in. onnxsim already ran
 as its own stage, so onnx2tf is told not to run it again. A graph with any non-builtin op (Select TF / Flex,
-custom) is rejected: neither LiteRT nor the board's runtime can run it. onnx2tf's full log goes to convert.log;
-a failure quotes its error lines.
+custom) is rejected: neither LiteRT nor the board's runtime can run it. The graph then gets the rewrites of
+tools.tflite_rewrites (ops proven to compute nothing are removed; the record says how many each made).
+onnx2tf's full log goes to convert.log; a failure quotes its error lines.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +21,7 @@ import numpy as np
 from tools.atomic import atomic_path
 from tools.entry import Entry
 from tools.tflite_graph import read_graph
+from tools.tflite_rewrites import rewrite_file
 
 ONNX2TF_SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"
 DEFAULT_FLAGS = {"not_use_onnxsim": True, "copy_onnx_input_output_names_to_tflite": True}
@@ -90,10 +91,12 @@ def convert(entry: Entry, build_dir: Path) -> dict:
         if not produced.exists():
             raise StageError(f"entry {entry.id!r}: onnx2tf wrote no {produced.name}: {_log_errors(log)}; full log: {log}")
         graph = read_graph(produced)
-        ops, custom = graph.op_histogram(), sorted({op.name for op in graph.ops if not op.builtin})
+        custom = sorted({op.name for op in graph.ops if not op.builtin})
         if custom:
             raise StageError(f"entry {entry.id!r}: the .tflite holds non-builtin ops {custom} (Select TF / custom): "
                              "LiteRT and the board cannot run them; add an export patch or an onnx2tf replacement")
         with atomic_path(build_dir / "model_fp32.tflite") as tmp:
-            shutil.copyfile(produced, tmp)
-    return {"converter": "onnx2tf", "flags": flags, "ops": dict(sorted(ops.items())), "op_count": sum(ops.values())}
+            rewrites = rewrite_file(produced, tmp)
+            ops = read_graph(tmp).op_histogram()
+    return {"converter": "onnx2tf", "flags": flags, "tflite_rewrites": rewrites, "ops": dict(sorted(ops.items())),
+            "op_count": sum(ops.values())}

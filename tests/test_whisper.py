@@ -235,6 +235,25 @@ def test_int8_variants_quantize_only_their_graphs_and_are_judged_by_their_words(
     assert json.loads((out / "decoder_step" / "fidelity.json").read_text())["variants"]["int8_decoder"]["trial"] is True
 
 
+def test_cross_kv_calibration_opens_only_the_graph_it_declares(tiny_build, tmp_path):
+    """quantize:cross_kv depends on the encoder's files only, so doit may run it before the decoder step exists."""
+    import shutil
+
+    import numpy as np
+
+    from tools.whisper_runtime import calibration_feeds
+
+    run, _ = tiny_build
+    out = tmp_path / "wt_tiny"
+    (out / "encoder").mkdir(parents=True)
+    shutil.copy(run.build / "wt_tiny" / "export.json", out)
+    shutil.copy(run.build / "wt_tiny" / "encoder" / "model_fp32.tflite", out / "encoder")
+    features = np.random.default_rng(0).uniform(-1, 1, (1, 80, 3000)).astype(np.float32)
+    feeds = calibration_feeds("cross_kv", out, [features], 1, np.random.default_rng(0))
+    expected = json.loads((out / "export.json").read_text())["graphs"]["cross_kv"]["inputs"]["encoder_hidden_states"]
+    assert [list(f["encoder_hidden_states"].shape) for f in feeds] == [expected]
+
+
 def test_calibration_sentence_that_is_also_a_validation_sentence_is_refused(tmp_path):
     from tools.calibration import calibration_set, overlap_with_validation
 

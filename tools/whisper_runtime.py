@@ -124,7 +124,9 @@ class WhisperGraphs:
     converter laid out otherwise are brought back to it, so that the decoder's cache goes round unchanged.
     """
 
-    def __init__(self, build_dir: Path | str, backend: str = "fp32", threads: int | None = None):
+    def __init__(self, build_dir: Path | str, backend: str = "fp32", threads: int | None = None,
+                 load: tuple[str, ...] | None = None):
+        """`load`: only these graphs (a stage must not open a graph it does not declare that it reads)."""
         from tools.stages.validate import onnx_runner, tflite_runner, to_layout
 
         build_dir = Path(build_dir)
@@ -132,7 +134,7 @@ class WhisperGraphs:
         self.graphs = record["graphs"]
         self.settings = DecodeSettings(**record["decoding"])
         make = onnx_runner if backend == "onnx" else tflite_runner
-        self.files = {name: self._file(build_dir / name, backend) for name in self.graphs}
+        self.files = {name: self._file(build_dir / name, backend) for name in load or self.graphs}
         self.runners = {name: make(path, threads) for name, path in self.files.items()}
         self._to_layout = to_layout
         tokenizer = build_dir / "tokenizer.json"
@@ -195,7 +197,8 @@ def calibration_feeds(graph: str, build_dir: Path, features: list[np.ndarray], c
                       rng: np.random.Generator) -> list[dict]:
     """Calibration inputs of a later graph: what the fp32 graphs before it compute from the utterances' features
     (the decoder step's inputs at every step of greedy decoding), `count` of them drawn with `rng`."""
-    graphs = WhisperGraphs(build_dir, "fp32")
+    # the cross K/V graph's inputs need only the encoder; the decoder step's, greedy decoding through all three
+    graphs = WhisperGraphs(build_dir, "fp32", load=("encoder",) if graph == "cross_kv" else None)
     feeds: list[dict] = []
     for feature in features:
         if graph == "cross_kv":

@@ -101,7 +101,7 @@ def profile(path: Path, threads: int, runs: int, check: bool = False) -> dict:
             for tensor in inputs:
                 alone.set_tensor(tensor, tensors.get_tensor(tensor))
             row = {"index": index, "op": name, "ms": round(_timed(alone, runs), 3),
-                   "outputs": [{"shape": list(shape), "name": tensor_name} for _, shape, tensor_name in outputs]}
+                   "outputs": [{"shape": [int(d) for d in shape], "name": tensor_name} for _, shape, tensor_name in outputs]}
             if check:
                 row["max_abs_vs_graph"] = max(float(np.abs(alone.get_tensor(t).astype(np.float64)
                                                            - tensors.get_tensor(t).astype(np.float64)).max(initial=0))

@@ -2,6 +2,8 @@
 computes what it computed in the graph."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -38,3 +40,10 @@ def test_every_op_alone_computes_what_it_computed_in_the_graph(tmp_path):
         assert row["ms"] > 0
     assert record["whole_ms"] > 0
     assert record["by_type_ms"]["GATHER"] == pytest.approx(sum(r["ms"] for r in record["ops"] if r["op"] == "GATHER"), abs=1e-3)
+
+
+def test_the_record_is_json(tmp_path):
+    """--json writes the record as it is: shapes read from the flatbuffer are numpy integers until converted."""
+    record = profile(_graph(tmp_path / "small.tflite"), threads=1, runs=1)
+    again = json.loads(json.dumps(record))
+    assert again["ops"][0]["outputs"][0]["shape"] == [3, 8]

@@ -75,6 +75,13 @@ def test_deformable_attention_is_tent_sampled_not_a_grid_sample_decomposition(bu
     computed = [op for op in fp32.ops if op.name == "GATHER" and not fp32.tensors[op.inputs[1]].constant]
     assert len(computed) >= 2 * 4 and "LESS" not in ops
     assert conversion["tflite_rewrites"] == {"drop_nonnegative_gather_index_fixups": len(computed)}
+    # Each dense level's weight map is one product per computed attention layer (3 dense levels here) that takes
+    # the y tents transposed (adj_x): both tents are built as (rows, points, size), broadcast along their last
+    # axis, which TFLite runs ~5x faster than along a middle one, and no TRANSPOSE op is written for them.
+    producer = {t: op for op in fp32.ops for t in op.outputs}
+    maps = [op for op in fp32.ops if op.name == "BATCH_MATMUL" and op.options.get("AdjX")]
+    assert len(maps) == len(computed) // 4 * 3
+    assert not [t for op in maps for t in op.inputs if t in producer and producer[t].name == "TRANSPOSE"]
     assert "GATHER_ND" not in ops and not {"TILE", "WHERE", "SELECT", "SELECT_V2", "RANGE"} & set(ops)
     assert sum(ops.values()) < 700  # onnx2tf's grid_sample lowering alone made thousands of ops
     graph = read_graph(serial.build / "dd_tiny" / "model_int8_pc.tflite")

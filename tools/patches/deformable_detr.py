@@ -258,14 +258,15 @@ class TentSamplingDeformableAttention(nn.Module):
             off_x, off_y = (offsets[:, (2 * i + c) * heads * points:(2 * i + c + 1) * heads * points]
                             .reshape(queries, heads, points).transpose(0, 1) for c in (0, 1))  # (heads, queries, points)
             a = (weights[:, i * points:(i + 1) * points].reshape(queries, heads, points).transpose(0, 1)
-                 .reshape(heads * queries, 1, points))
+                 .reshape(heads * queries, points, 1))
             x = (reference[:, l:l + 1, 0:1].flatten(1) * w - 0.5)[None] + off_x
             y = (reference[:, l:l + 1, 1:2].flatten(1) * h - 0.5)[None] + off_y
-            grid_x = torch.arange(w, dtype=x.dtype).view(1, 1, w)
-            grid_y = torch.arange(h, dtype=y.dtype).view(1, h, 1)
-            tent_x = torch.relu(1 - (x.reshape(heads * queries, points, 1) - grid_x).abs())  # (hq, points, w)
-            tent_y = torch.relu(1 - (y.reshape(heads * queries, 1, points) - grid_y).abs()) * a  # (hq, h, points)
-            weight_map = torch.bmm(tent_y, tent_x).reshape(heads, queries, h * w)
+            # Both tents broadcast along their last axis, (hq, points, size): TFLite runs a broadcast along a
+            # middle axis, (hq, size, points), about 5x slower. The product takes tent_y transposed (onnx2tf
+            # writes it as BATCH_MATMUL's adj_x, no TRANSPOSE op).
+            tent_x = torch.relu(1 - (x.reshape(heads * queries, points, 1) - torch.arange(w, dtype=x.dtype)).abs()) * a
+            tent_y = torch.relu(1 - (y.reshape(heads * queries, points, 1) - torch.arange(h, dtype=y.dtype)).abs())
+            weight_map = torch.bmm(tent_y.transpose(1, 2), tent_x).reshape(heads, queries, h * w)
             # one product per level, summed: concatenating the maps and the values would copy both
             sampled = sampled + torch.bmm(weight_map, levels[l].transpose(0, 1))  # (heads, queries, head_dim)
         return sampled.transpose(0, 1).reshape(queries, heads * head_dim)

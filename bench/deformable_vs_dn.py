@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.host_latency import measure, time_runs  # noqa: E402
+from bench.host_latency import measure  # noqa: E402
+from tools.stages.bench import time_runs  # noqa: E402
 
 GOAL_OVER_MACS, GOAL_MAX = 1.2, 2.5
 LAYER_SHAPES = [(64, 64), (32, 32), (16, 16), (8, 8)]

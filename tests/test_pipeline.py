@@ -254,6 +254,27 @@ def test_bench_times_every_runtime_and_sweeps_the_declared_sizes(built):
     assert "## Host latency (measured" in markdown and "![host latency against input size](bench.png)" in markdown
 
 
+def test_host_latency_pairs_each_round_of_both_entries(built):
+    """bench/host_latency.py on two real builds: every graph of both timed in the same rounds, and the entry's
+    ratio to the first is the median of the per-round ratios (a drifting host load cancels in each pair)."""
+    import statistics
+
+    from bench.host_latency import measure
+
+    serial, _, _ = built
+    builds = [serial.build / "dn_tiny", serial.build / "dd_tiny"]
+    record = measure(builds, threads=1, runs=3)
+    assert record["order"] == "interleaved rounds"
+    dn, dd = (record["entries"][str(b)] for b in builds)
+    assert {"onnxruntime", "tflite_fp32", "tflite_int8_pt", "tflite_int8_pc"} <= set(dd)
+    assert all(len(dd[g]["times_ms"]) == 3 and min(dd[g]["times_ms"]) > 0 for g in ("onnxruntime", "tflite_fp32"))
+    rounds = record["tflite_ratio_to_first_rounds"][str(builds[1])]
+    assert rounds == pytest.approx([a / b for a, b in zip(dd["tflite_fp32"]["times_ms"], dn["tflite_fp32"]["times_ms"])],
+                                   abs=2e-3)
+    assert record["tflite_ratio_to_first"][str(builds[1])] == pytest.approx(statistics.median(rounds), abs=2e-3)
+    assert record["mac_ratio_to_first"][str(builds[1])] == round(dd["macs"] / dn["macs"], 3)
+
+
 def test_changed_bench_sizes_rerun_only_bench_and_card(built):
     serial, _, _ = built
     _edit(serial, "dn_tiny", lambda d: d["bench"].__setitem__("input_sizes", [[64, 64]]))

@@ -74,7 +74,7 @@ def measure(builds: list[Path], threads: int, runs: int) -> dict:
             results[name] = {"file": file_name, "sha256": sha256_of(build / file_name),
                              "kernels": getattr(run, "kernels", "onnxruntime"), "median_ms": round(statistics.median(t), 2),
                              "mean_ms": round(statistics.mean(t), 2), "min_ms": round(min(t), 2),
-                             "times_ms": [round(x, 2) for x in t]}
+                             "times_ms": [round(x, 3) for x in t]}
             print(f"{build.name:>24} {name:>12}: median {results[name]['median_ms']:9.1f} ms  "
                   f"mean {results[name]['mean_ms']:9.1f} ms  ({results[name]['kernels']})", flush=True)
         results["macs"] = graph_macs(build / "model_fp32.tflite")

@@ -269,8 +269,9 @@ def test_host_latency_pairs_each_round_of_both_entries(built):
     assert {"onnxruntime", "tflite_fp32", "tflite_int8_pt", "tflite_int8_pc"} <= set(dd)
     assert all(len(dd[g]["times_ms"]) == 3 and min(dd[g]["times_ms"]) > 0 for g in ("onnxruntime", "tflite_fp32"))
     rounds = record["tflite_ratio_to_first_rounds"][str(builds[1])]
+    # (the record rounds times to 1 us and ratios to 1e-3; a tiny graph runs in about 1 ms)
     assert rounds == pytest.approx([a / b for a, b in zip(dd["tflite_fp32"]["times_ms"], dn["tflite_fp32"]["times_ms"])],
-                                   abs=2e-3)
+                                   rel=1e-2)
     assert record["tflite_ratio_to_first"][str(builds[1])] == pytest.approx(statistics.median(rounds), abs=2e-3)
     assert record["mac_ratio_to_first"][str(builds[1])] == round(dd["macs"] / dn["macs"], 3)
 

@@ -6,7 +6,9 @@ sampling formulation, each measured side by side in one run.
 Models: builds both entries (`doit build:dn_detr build:deformable_detr`, random weights unless ZOO_WEIGHTS says
 otherwise; an up-to-date build is not redone), checks that they take the same input size, then times every
 graph of both (and of --before, an older Deformable DETR build to compare with) and prints Deformable / DN-DETR
-latency beside their MAC ratio, the ideal, and the issue's goal: at most 1.2x the MAC ratio and at most 2.5.
+latency beside their MAC ratio, the ideal, and the issue's goal: at most 1.2x the MAC ratio and at most 2.5. The
+ideal counts the source models' MACs in torch (bench/host_latency.py's source_macs), not the graphs': tent
+sampling's dense levels add matrix products of their own to the graph.
 
 --floor: also builds (export, simplify, convert; build/bench_no_sampling/, reused when there) Deformable DETR with
 every deformable attention keeping its four projections but sampling nothing, and times it beside the two. It is
@@ -58,17 +60,26 @@ def build_both(build_root: Path) -> list[Path]:
 def models(args) -> dict:
     builds = [ROOT / "build" / "dn_detr", ROOT / "build" / "deformable_detr"] if args.no_build else build_both(ROOT / "build")
     floor = no_sampling_build(builds[1], ROOT / "build" / "bench_no_sampling") if args.floor else None
-    record = measure(builds + ([args.before] if args.before else []) + ([floor] if floor else []), args.threads, args.runs)
-    first, macs = str(builds[0]), record["entries"][str(builds[0])]["macs"]
+    record = measure(builds + ([args.before] if args.before else []) + ([floor] if floor else []), args.threads, args.runs,
+                     zoo=ROOT / "zoo")
+    first, macs = str(builds[0]), record["entries"][str(builds[0])]["source_macs"]
     for name in list(record["entries"])[1:]:
-        ratio, mac_ratio = record["tflite_ratio_to_first"][name], record["mac_ratio_to_first"][name]
-        goal = min(GOAL_OVER_MACS * mac_ratio, GOAL_MAX)
-        print(f"{Path(name).name}: {ratio:.2f}x DN-DETR's TFLite fp32 latency for {mac_ratio:.2f}x its MACs "
-              f"({macs / 1e9:.1f} G); goal <= {goal:.2f}x: {'met' if ratio <= goal else 'not met'}")
-    record["goal"] = {"over_mac_ratio": GOAL_OVER_MACS, "max": GOAL_MAX, "reference": first}
+        ratio, mac_ratio = record["tflite_ratio_to_first"][name], record["source_mac_ratio_to_first"][name]
+        goal = goal_ratio(record, name)
+        print(f"{Path(name).name}: {ratio:.2f}x DN-DETR's TFLite fp32 latency for {mac_ratio:.2f}x its source model's "
+              f"MACs ({macs / 1e9:.1f} G; {record['mac_ratio_to_first'][name]:.2f}x counted on the graphs); "
+              f"goal <= {goal:.2f}x: {'met' if ratio <= goal else 'not met'}")
+    record["goal"] = {"over_mac_ratio": GOAL_OVER_MACS, "max": GOAL_MAX, "reference": first,
+                      "mac_count": "source models in torch (bench/host_latency.py source_macs)"}
     if floor:
         record["sampling_budget"] = sampling_budget(record, builds, floor, args.threads, args.runs)
     return record
+
+
+def goal_ratio(record: dict, build: str) -> float:
+    """The issue's bar: at most 1.2x the ratio of the source models' MACs, and at most 2.5. Counted on the graphs,
+    the ratio would include the products that tent sampling itself adds, and the bar would rise with them."""
+    return min(GOAL_OVER_MACS * record["source_mac_ratio_to_first"][build], GOAL_MAX)
 
 
 def _no_sampling(original):
@@ -121,7 +132,8 @@ def no_sampling_build(build: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("export", "simplify", "convert"):
         start = time.perf_counter()
-        write_json(folder / STAGES[name].makes[-1], STAGES[name].run(probe, folder))
+        # as tools/stage.py records it: host_latency's source_macs finds the entry by this id
+        write_json(folder / STAGES[name].makes[-1], {"stage": name, "entry": probe.id, **STAGES[name].run(probe, folder)})
         print(f"bench_no_sampling: {name} in {time.perf_counter() - start:.0f} s", flush=True)
     return folder
 
@@ -186,8 +198,7 @@ def sampling_budget(record: dict, builds: list, floor: Path, threads: int, runs:
     side = json.loads((builds[1] / "export.json").read_text())["inputs"]["pixel_values"][-1]
     shapes = [(side // s, side // s) for s in (8, 16, 32, 64)]
     gathered = [(h, w) for h, w in shapes if h * w > DENSE_MAX_POSITIONS]
-    mac_ratio = record["mac_ratio_to_first"][str(builds[1])]
-    goal_ms = min(GOAL_OVER_MACS * mac_ratio, GOAL_MAX) * dn
+    goal_ms = goal_ratio(record, str(builds[1])) * dn
     bare = _bare_gather_ms(sum(h * w for h, w in gathered) * heads, 256 // heads,
                            _corner_rows(shapes, gathered, heads, points), threads, runs)
     out = {"dn_detr_ms": dn, "deformable_ms": deformable, "no_sampling_ms": none,

@@ -263,7 +263,7 @@ def test_host_latency_pairs_each_round_of_both_entries(built):
 
     serial, _, _ = built
     builds = [serial.build / "dn_tiny", serial.build / "dd_tiny"]
-    record = measure(builds, threads=1, runs=3)
+    record = measure(builds, threads=1, runs=3, zoo=serial.zoo)
     assert record["order"] == "interleaved rounds"
     dn, dd = (record["entries"][str(b)] for b in builds)
     assert {"onnxruntime", "tflite_fp32", "tflite_int8_pt", "tflite_int8_pc"} <= set(dd)
@@ -274,6 +274,9 @@ def test_host_latency_pairs_each_round_of_both_entries(built):
                                    rel=1e-2)
     assert record["tflite_ratio_to_first"][str(builds[1])] == pytest.approx(statistics.median(rounds), abs=2e-3)
     assert record["mac_ratio_to_first"][str(builds[1])] == round(dd["macs"] / dn["macs"], 3)
+    # and the source models' count, from each build's own entry (tests/test_source_macs.py checks the counting)
+    assert min(dn["source_macs"], dd["source_macs"]) > 0
+    assert record["source_mac_ratio_to_first"][str(builds[1])] == round(dd["source_macs"] / dn["source_macs"], 3)
 
 
 def test_changed_bench_sizes_rerun_only_bench_and_card(built):

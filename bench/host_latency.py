@@ -49,7 +49,7 @@ def graph_macs(path: Path) -> int:
     return sum(macs(graph, op) for op in graph.ops)
 
 
-def _sdpa_macs(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
     """FLOPs of CPU scaled-dot-product attention, which torch's counter does not register (its CUDA kernels only)."""
     from torch.utils.flop_counter import sdpa_flop_count
     return sdpa_flop_count(query_shape, key_shape, value_shape)
@@ -64,7 +64,7 @@ def torch_macs(module, inputs: dict) -> int:
 
     for parameter in module.parameters():  # no autograd, and none of the counter's module hooks on leaves
         parameter.requires_grad_(False)
-    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_macs}
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         module(**{name: torch.from_numpy(value) for name, value in inputs.items()})
     return counter.get_total_flops() // 2
